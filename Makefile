@@ -1,0 +1,62 @@
+# The README's commands: `make test` (everything CI runs) and `make demo`.
+# Every target installs what it needs on a fresh machine of this kind.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := build
+
+MODULE            := github.com/image-prefetcher/image-prefetcher
+VERSION           := $(shell cat VERSION)
+BIN               := $(CURDIR)/bin
+LDFLAGS           := -s -w -X $(MODULE)/fn/version.Version=$(VERSION)
+KUSTOMIZE_VERSION := v5.8.2
+KUBE_VERSION      := v1.36.3
+KUBE_BIN_DIR      ?= $(HOME)/.cache/image-prefetcher/kube/$(KUBE_VERSION)
+APT_PACKAGES      := containerd runc etcd-server containernetworking-plugins iptables iproute2 util-linux
+
+export PATH := $(BIN):$(PATH)
+export KUBE_BIN_DIR
+export CGO_ENABLED := 0
+
+.PHONY: build test unit e2e tools host-deps kube FORCE
+
+## ---- build ------------------------------------------------------------------
+build: $(BIN)/image-prefetcher $(BIN)/image-prefetcher-fn
+
+$(BIN)/image-prefetcher: FORCE
+	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./agent/cmd/image-prefetcher
+
+$(BIN)/image-prefetcher-fn: FORCE
+	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
+
+## ---- tools and host dependencies ----------------------------------------------
+tools: $(BIN)/kustomize
+
+# kubectl kustomize cannot run exec functions; the standalone binary can.
+$(BIN)/kustomize:
+	@echo ">> installing kustomize $(KUSTOMIZE_VERSION) into $(BIN)"
+	GOBIN=$(BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+host-deps:
+	@missing=0; for c in containerd runc etcd iptables ip nsenter unshare; do command -v $$c >/dev/null || missing=1; done; \
+	 [ -x /usr/lib/cni/bridge ] || missing=1; \
+	 if [ $$missing = 1 ]; then echo ">> apt-get install $(APT_PACKAGES)"; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	 else echo ">> host packages present"; fi
+
+kube:
+	KUBE_VERSION=$(KUBE_VERSION) KUBE_BIN_CACHE=$(KUBE_BIN_DIR) tests/cluster/hack/build-kube.sh
+
+## ---- tests ------------------------------------------------------------------
+test: unit e2e
+
+unit:
+	@echo ">> unit tests"
+	go test ./fn/... ./agent/...
+
+# Tests against real components. They fail loudly, never skip, when
+# something they need is missing.
+e2e: build tools host-deps kube
+	@echo ">> tests against real components"
+	go test -p 1 -timeout 60m -v ./tests/... 2>&1 | grep -E --line-buffered '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+[a-z_]+\.go:[0-9]+:)' 
+
+FORCE:
