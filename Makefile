@@ -46,6 +46,18 @@ host-deps:
 kube:
 	KUBE_VERSION=$(KUBE_VERSION) KUBE_BIN_CACHE=$(KUBE_BIN_DIR) tests/cluster/hack/build-kube.sh
 
+## ---- container images (needs a Docker engine; see Dockerfile, Dockerfile.fn) ----
+# Both images are stamped with the same VERSION as `make build`, and the agent
+# tag is the default image the function renders (fn/version.AgentImage).
+AGENT_IMAGE ?= ghcr.io/image-prefetcher/image-prefetcher:$(VERSION)
+FN_IMAGE    ?= ghcr.io/image-prefetcher/image-prefetcher-fn:$(VERSION)
+DOCKER      ?= docker
+
+.PHONY: images
+images:
+	$(DOCKER) build -f Dockerfile --build-arg VERSION=$(VERSION) -t $(AGENT_IMAGE) .
+	$(DOCKER) build -f Dockerfile.fn --build-arg VERSION=$(VERSION) -t $(FN_IMAGE) .
+
 ## ---- tests ------------------------------------------------------------------
 test: unit e2e
 
