@@ -1,0 +1,55 @@
+package cluster_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+)
+
+// The control-plane-only mode serves real API semantics: a server-side
+// dry run validates without storing, and Leases are stored.
+func TestControlPlaneOnly(t *testing.T) {
+	c := cluster.StartForTest(t, cluster.Options{Nodes: 0})
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "dry", Namespace: "default"}, Data: map[string]string{"k": "v"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("dry-run create: %v", err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "dry", metav1.GetOptions{}); err == nil {
+		t.Fatal("dry-run create stored the ConfigMap")
+	}
+	bad := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "Not_A_Name", Namespace: "default"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, bad, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil {
+		t.Fatal("dry-run create accepted an invalid name")
+	}
+
+	holder := "a"
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "slot-0", Namespace: "default"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder}}
+	if _, err := cs.CoordinationV1().Leases("default").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create lease: %v", err)
+	}
+	got, err := cs.CoordinationV1().Leases("default").Get(ctx, "slot-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get lease: %v", err)
+	}
+	if got.Spec.HolderIdentity == nil || *got.Spec.HolderIdentity != holder {
+		t.Fatalf("lease holder = %v, want %q", got.Spec.HolderIdentity, holder)
+	}
+
+	out, err := c.Command(ctx, "sh", "-c", "ip -4 -o addr show veth0 && test -s \"$KUBECONFIG\"").CombinedOutput()
+	if err != nil {
+		t.Fatalf("command in namespace: %v: %s", err, out)
+	}
+}
