@@ -58,6 +58,14 @@ images:
 	$(DOCKER) build -f Dockerfile --build-arg VERSION=$(VERSION) -t $(AGENT_IMAGE) .
 	$(DOCKER) build -f Dockerfile.fn --build-arg VERSION=$(VERSION) -t $(FN_IMAGE) .
 
+## ---- OCI layouts without a container engine (tests/ociimage) ----------------
+# The same images as `make images`, as OCI layouts in ./out/oci: the agent runs
+# as root (it must reach the root-owned CRI socket), the function as nonroot.
+.PHONY: oci
+oci: build
+	go run ./tests/ociimage/cmd/ociimage -binary $(BIN)/image-prefetcher -user 0:0 -ref $(AGENT_IMAGE) -out out/oci/image-prefetcher
+	go run ./tests/ociimage/cmd/ociimage -binary $(BIN)/image-prefetcher-fn -user 65532:65532 -ref $(FN_IMAGE) -out out/oci/image-prefetcher-fn
+
 ## ---- tests ------------------------------------------------------------------
 test: unit e2e
 

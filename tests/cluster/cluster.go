@@ -86,14 +86,14 @@ type Cluster struct {
 	// namespace) or with RESTConfig's dialer.
 	Kubeconfig string
 
-	pki      *pki
-	tokens   map[string]string
-	mu       sync.Mutex
-	procs    map[string]*proc
-	nodes    []*Node
-	regStop  func()
-	sysctls  *sysctlSaver
-	started  time.Time
+	pki     *pki
+	tokens  map[string]string
+	mu      sync.Mutex
+	procs   map[string]*proc
+	nodes   []*Node
+	regStop func()
+	sysctls *sysctlSaver
+	started time.Time
 }
 
 // Start brings up a cluster and returns when it is ready: the apiserver

@@ -19,7 +19,7 @@ import (
 // process, so openssl is not a dependency.
 type pki struct {
 	CACert, APICert, APIKey, SAKey, SAPub string
-	CAPEM                                  []byte
+	CAPEM                                 []byte
 }
 
 func writePKI(dir string, ips []net.IP, names []string) (*pki, error) {

@@ -1,0 +1,270 @@
+// Package ociimage builds container images without a container engine: a
+// static binary in one layer on an empty base, with the config a runtime
+// needs (entrypoint, user, os/arch). The images are written as OCI layouts
+// (what `make oci` produces) or pushed to a registry.
+package ociimage
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"path"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// File is one regular file in the image.
+type File struct {
+	// Path inside the image, absolute.
+	Path string
+	// Source is a host file to copy; Data is used when Source is empty.
+	Source string
+	Data   []byte
+	Mode   int64 // default 0o755
+}
+
+// Spec describes an image.
+type Spec struct {
+	Files      []File
+	Entrypoint []string
+	Cmd        []string
+	// User as in the OCI config: "0:0", "65532:65532", ...
+	User       string
+	Env        []string
+	WorkingDir string
+	Labels     map[string]string
+	// OS and Arch default to linux and the architecture of this process.
+	OS, Arch string
+}
+
+// Binary is the common case: one static binary at /usr/local/bin/<base
+// name>, run as user, as the entrypoint (the same layout as the Dockerfiles).
+func Binary(src, user string) Spec {
+	dst := "/usr/local/bin/" + path.Base(src)
+	return Spec{
+		Files:      []File{{Path: dst, Source: src, Mode: 0o755}},
+		Entrypoint: []string{dst},
+		User:       user,
+	}
+}
+
+// epoch keeps layers reproducible: the same inputs give the same digest.
+var epoch = time.Unix(0, 0).UTC()
+
+// Build assembles the image.
+func Build(s Spec) (v1.Image, error) {
+	if s.OS == "" {
+		s.OS = "linux"
+	}
+	if s.Arch == "" {
+		s.Arch = runtime.GOARCH
+	}
+	layer, err := filesLayer(s.Files)
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	if err != nil {
+		return nil, fmt.Errorf("append layer: %w", err)
+	}
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = s.OS, s.Arch
+	cf.Created = v1.Time{Time: epoch}
+	cf.Config.Entrypoint = s.Entrypoint
+	cf.Config.Cmd = s.Cmd
+	cf.Config.User = s.User
+	cf.Config.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, s.Env...)
+	cf.Config.WorkingDir = s.WorkingDir
+	cf.Config.Labels = s.Labels
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		return nil, fmt.Errorf("set config: %w", err)
+	}
+	return img, nil
+}
+
+func filesLayer(files []File) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	sorted := append([]File(nil), files...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Path < sorted[j].Path })
+	for _, f := range sorted {
+		if !path.IsAbs(f.Path) {
+			return nil, fmt.Errorf("image file path %q is not absolute", f.Path)
+		}
+		data := f.Data
+		if f.Source != "" {
+			b, err := os.ReadFile(f.Source)
+			if err != nil {
+				return nil, fmt.Errorf("read %s: %w", f.Source, err)
+			}
+			data = b
+		}
+		// Parent directories first, so that extraction needs no guessing.
+		var parents []string
+		for d := path.Dir(f.Path); d != "/"; d = path.Dir(d) {
+			parents = append([]string{d}, parents...)
+		}
+		for _, d := range parents {
+			if dirs[d] {
+				continue
+			}
+			dirs[d] = true
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(d, "/") + "/", Mode: 0o755, ModTime: epoch}); err != nil {
+				return nil, fmt.Errorf("write tar: %w", err)
+			}
+		}
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o755
+		}
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.Path, "/"), Mode: mode, Size: int64(len(data)), ModTime: epoch}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, fmt.Errorf("write tar: %w", err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, fmt.Errorf("write tar: %w", err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("write tar: %w", err)
+	}
+	tarBytes := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(tarBytes)), nil
+	}, tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, fmt.Errorf("make layer: %w", err)
+	}
+	return layer, nil
+}
+
+// Data is a non-runnable image of len(layerSizes) layers, each holding one
+// file of pseudo-random bytes of that size, derived from seed: the same
+// arguments always give the same digests, different seeds different ones.
+// Layers are stored uncompressed, so their size on the wire is the size
+// asked for (random bytes would not compress anyway).
+func Data(seed int64, layerSizes ...int64) (v1.Image, error) {
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	rnd := rand.New(rand.NewSource(seed))
+	for i, size := range layerSizes {
+		data := make([]byte, size)
+		_, _ = rnd.Read(data)
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("data/%d-%d.bin", seed, i), Mode: 0o644, Size: size, ModTime: epoch}); err != nil {
+			return nil, fmt.Errorf("write tar: %w", err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, fmt.Errorf("write tar: %w", err)
+		}
+		if err := tw.Close(); err != nil {
+			return nil, fmt.Errorf("write tar: %w", err)
+		}
+		tarBytes := buf.Bytes()
+		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(tarBytes)), nil
+		}, tarball.WithMediaType(types.OCIUncompressedLayer))
+		if err != nil {
+			return nil, fmt.Errorf("make layer: %w", err)
+		}
+		if img, err = mutate.AppendLayers(img, layer); err != nil {
+			return nil, fmt.Errorf("append layer: %w", err)
+		}
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	cf.Created = v1.Time{Time: epoch}
+	cf.Config.Entrypoint = []string{"/does-not-run"}
+	return mutate.ConfigFile(img, cf)
+}
+
+// RefAnnotation names an image inside an OCI layout's index.
+const RefAnnotation = "org.opencontainers.image.ref.name"
+
+// WriteLayout writes img as an OCI image layout in dir (replacing what was
+// there), tagged ref in the index.
+func WriteLayout(dir string, img v1.Image, ref string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("clear %s: %w", dir, err)
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("create layout %s: %w", dir, err)
+	}
+	var opts []layout.Option
+	if ref != "" {
+		opts = append(opts, layout.WithAnnotations(map[string]string{RefAnnotation: ref}))
+	}
+	if err := p.AppendImage(img, opts...); err != nil {
+		return fmt.Errorf("write image to layout %s: %w", dir, err)
+	}
+	return nil
+}
+
+// ReadLayout returns the first image of the OCI layout in dir.
+func ReadLayout(dir string) (v1.Image, error) {
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open layout %s: %w", dir, err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		return nil, fmt.Errorf("read layout index %s: %w", dir, err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("read layout index %s: %w", dir, err)
+	}
+	if len(m.Manifests) == 0 {
+		return nil, fmt.Errorf("layout %s holds no image", dir)
+	}
+	img, err := idx.Image(m.Manifests[0].Digest)
+	if err != nil {
+		return nil, fmt.Errorf("read image from layout %s: %w", dir, err)
+	}
+	return img, nil
+}
+
+// Push uploads img as ref. Registries on 127.0.0.0/8 and localhost are
+// spoken to over plain HTTP. Extra options carry a transport (a dialer into
+// a network namespace) or credentials.
+func Push(ctx context.Context, img v1.Image, ref string, opts ...remote.Option) error {
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		return fmt.Errorf("parse reference %q: %w", ref, err)
+	}
+	opts = append([]remote.Option{remote.WithContext(ctx), remote.WithAuth(authn.Anonymous)}, opts...)
+	if err := remote.Write(r, img, opts...); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
+}

@@ -1,0 +1,238 @@
+package ociimage_test
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
+	"github.com/image-prefetcher/image-prefetcher/tests/registry"
+)
+
+func writeBinary(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// files reads every regular file of the image's layers.
+func files(t *testing.T, img v1.Image) map[string]*tar.Header {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*tar.Header{}
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[h.Name] = h
+		}
+		rc.Close()
+	}
+	return out
+}
+
+func TestBuildBinary(t *testing.T) {
+	tests := []struct {
+		name, user string
+	}{
+		{"image-prefetcher", "0:0"},
+		{"image-prefetcher-fn", "65532:65532"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bin := writeBinary(t, tt.name, "#!binary "+tt.name)
+			img, err := ociimage.Build(ociimage.Binary(bin, tt.user))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantEntry := "/usr/local/bin/" + tt.name
+			if len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != wantEntry {
+				t.Errorf("entrypoint = %q, want [%q]", cf.Config.Entrypoint, wantEntry)
+			}
+			if cf.Config.User != tt.user {
+				t.Errorf("user = %q, want %q", cf.Config.User, tt.user)
+			}
+			if cf.OS != "linux" || cf.Architecture != runtime.GOARCH {
+				t.Errorf("platform = %s/%s, want linux/%s", cf.OS, cf.Architecture, runtime.GOARCH)
+			}
+			mt, err := img.MediaType()
+			if err != nil || mt != types.OCIManifestSchema1 {
+				t.Errorf("manifest media type = %s (%v), want OCI", mt, err)
+			}
+			fs := files(t, img)
+			h, ok := fs["usr/local/bin/"+tt.name]
+			if !ok {
+				t.Fatalf("binary missing from the layer; files: %v", fs)
+			}
+			if h.Mode&0o111 == 0 || h.Size != int64(len("#!binary "+tt.name)) {
+				t.Errorf("binary header mode %o size %d", h.Mode, h.Size)
+			}
+			for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
+				if h, ok := fs[d]; !ok || h.Typeflag != tar.TypeDir {
+					t.Errorf("parent directory %s missing", d)
+				}
+			}
+			// Same inputs, same digest: layouts and pushes are reproducible.
+			again, err := ociimage.Build(ociimage.Binary(bin, tt.user))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d1, _ := img.Digest()
+			d2, _ := again.Digest()
+			if d1 != d2 {
+				t.Errorf("digests differ between two builds: %s %s", d1, d2)
+			}
+		})
+	}
+}
+
+func TestBuildRejectsRelativePath(t *testing.T) {
+	_, err := ociimage.Build(ociimage.Spec{Files: []ociimage.File{{Path: "bin/x", Data: []byte("x")}}})
+	if err == nil {
+		t.Fatal("relative path accepted")
+	}
+}
+
+func TestBuildMissingSource(t *testing.T) {
+	_, err := ociimage.Build(ociimage.Binary(filepath.Join(t.TempDir(), "absent"), "0:0"))
+	if err == nil {
+		t.Fatal("missing binary accepted")
+	}
+}
+
+func TestLayoutRoundTrip(t *testing.T) {
+	bin := writeBinary(t, "app", "app")
+	img, err := ociimage.Build(ociimage.Binary(bin, "0:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	if err := ociimage.WriteLayout(dir, img, "ghcr.io/x/app:v1"); err != nil {
+		t.Fatal(err)
+	}
+	// Writing again replaces, never appends.
+	if err := ociimage.WriteLayout(dir, img, "ghcr.io/x/app:v1"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Manifests) != 1 || m.Manifests[0].Annotations[ociimage.RefAnnotation] != "ghcr.io/x/app:v1" {
+		t.Fatalf("index = %+v", m.Manifests)
+	}
+	got, err := ociimage.ReadLayout(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := img.Digest()
+	if d, _ := got.Digest(); d != want {
+		t.Fatalf("read back %s, wrote %s", d, want)
+	}
+	if _, err := ociimage.ReadLayout(t.TempDir()); err == nil {
+		t.Fatal("reading an empty directory succeeded")
+	}
+}
+
+func TestData(t *testing.T) {
+	sizes := []int64{1 << 20, 64 << 10, 3}
+	a, err := ociimage.Data(7, sizes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := ociimage.Data(7, sizes...)
+	c, _ := ociimage.Data(8, sizes...)
+	da, _ := a.Digest()
+	db, _ := b.Digest()
+	dc, _ := c.Digest()
+	if da != db {
+		t.Errorf("same seed, different digests")
+	}
+	if da == dc {
+		t.Errorf("different seeds, same digest")
+	}
+	layers, err := a.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(layers) != len(sizes) {
+		t.Fatalf("%d layers, want %d", len(layers), len(sizes))
+	}
+	for i, l := range layers {
+		size, err := l.Size()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An uncompressed tar holds the file plus headers and padding.
+		if size < sizes[i] {
+			t.Errorf("layer %d is %d bytes, want at least %d", i, size, sizes[i])
+		}
+	}
+}
+
+func TestPush(t *testing.T) {
+	reg := registry.New()
+	addr, stop, err := reg.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	img, err := ociimage.Build(ociimage.Binary(writeBinary(t, "app", "app"), "65532:65532"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.Push(context.Background(), img, addr+"/team/app:v1"); err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference(addr+"/team/app:v1", name.Insecure)
+	got, err := remote.Image(ref)
+	if err != nil {
+		t.Fatalf("pull back: %v", err)
+	}
+	want, _ := img.Digest()
+	if d, _ := got.Digest(); d != want {
+		t.Fatalf("pulled %s, pushed %s", d, want)
+	}
+	if err := ociimage.Push(context.Background(), img, "Bad::Ref"); err == nil {
+		t.Fatal("bad reference accepted")
+	}
+}
