@@ -1,0 +1,148 @@
+package v1alpha1
+
+import (
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// ImagePrefetcher is the user's intent: which images every selected node
+// should hold, and how hard to try. The function expands it into a
+// ServiceAccount, RBAC, a ConfigMap, a DaemonSet and an admission policy.
+//
+// Optional scalars are pointers so that "unset" (take the default) can be
+// told apart from an explicit zero or false.
+type ImagePrefetcher struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       Spec              `json:"spec"`
+}
+
+// Spec is the body of an ImagePrefetcher. docs/api.md is the field reference.
+type Spec struct {
+	Images             []string            `json:"images,omitempty"`
+	ImageListFrom      *ImageListSource    `json:"imageListFrom,omitempty"`
+	Flavor             Flavor              `json:"flavor,omitempty"`
+	Runtime            Runtime             `json:"runtime,omitempty"`
+	CRISocket          string              `json:"criSocket,omitempty"`
+	Agent              Agent               `json:"agent,omitempty"`
+	ImagePullSecrets   []string            `json:"imagePullSecrets,omitempty"`
+	CredentialProvider *CredentialProvider `json:"credentialProvider,omitempty"`
+	NodeSelector       map[string]string   `json:"nodeSelector,omitempty"`
+	Affinity           *corev1.Affinity    `json:"affinity,omitempty"`
+	// Tolerations: nil means "tolerate every taint"; an explicit empty list
+	// means "tolerate none".
+	Tolerations       []corev1.Toleration `json:"tolerations,omitempty"`
+	PriorityClassName string              `json:"priorityClassName,omitempty"`
+	Pull              Pull                `json:"pull,omitempty"`
+	Rollout           Rollout             `json:"rollout,omitempty"`
+	NodeLabel         NodeLabel           `json:"nodeLabel,omitempty"`
+	// RefreshInterval is a Go duration; "0" disables the periodic check.
+	RefreshInterval string `json:"refreshInterval,omitempty"`
+	AdmissionPolicy *bool  `json:"admissionPolicy,omitempty"`
+}
+
+// ImageListSource names where more images come from.
+type ImageListSource struct {
+	ConfigMapRef *ConfigMapKeyRef `json:"configMapRef,omitempty"`
+}
+
+// ConfigMapKeyRef points at one key of a ConfigMap in the same ResourceList
+// and namespace.
+type ConfigMapKeyRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
+}
+
+// Flavor selects platform defaults.
+type Flavor string
+
+const (
+	FlavorVanilla Flavor = "vanilla"
+	FlavorOCP     Flavor = "ocp"
+	// FlavorOpenShift is accepted as an alias of FlavorOCP.
+	FlavorOpenShift Flavor = "openshift"
+)
+
+// Runtime selects the container runtime whose CRI socket the agent uses.
+type Runtime string
+
+const (
+	RuntimeContainerd Runtime = "containerd"
+	RuntimeCRIO       Runtime = "crio"
+	// RuntimeAuto takes the runtime of the flavor: containerd for vanilla,
+	// CRI-O for ocp.
+	RuntimeAuto Runtime = "auto"
+)
+
+// Agent configures the agent container.
+type Agent struct {
+	Image     string                       `json:"image,omitempty"`
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// CredentialProvider points at kubelet image-credential-provider plugins on
+// the host.
+type CredentialProvider struct {
+	ConfigPath string `json:"configPath"`
+	BinDir     string `json:"binDir"`
+}
+
+// Pull tunes how each node pulls. Durations are Go duration strings.
+type Pull struct {
+	Parallelism           *int32     `json:"parallelism,omitempty"`
+	InitialAttemptTimeout string     `json:"initialAttemptTimeout,omitempty"`
+	MaxAttemptTimeout     string     `json:"maxAttemptTimeout,omitempty"`
+	OverallTimeout        string     `json:"overallTimeout,omitempty"`
+	InitialRetryDelay     string     `json:"initialRetryDelay,omitempty"`
+	MaxRetryDelay         string     `json:"maxRetryDelay,omitempty"`
+	Policy                PullPolicy `json:"policy,omitempty"`
+	// MaxConcurrentNodes caps how many nodes pull at the same time across
+	// the cluster; 0 means no cap.
+	MaxConcurrentNodes *int32 `json:"maxConcurrentNodes,omitempty"`
+}
+
+// Rollout tunes how the DaemonSet rolls when the list or settings change.
+type Rollout struct {
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// NodeLabel controls the per-instance node label and annotation.
+type NodeLabel struct {
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// Defaults. They live here so that docs, function and tests agree.
+const (
+	DefaultFlavor                 = FlavorVanilla
+	DefaultContainerdSocket       = "/run/containerd/containerd.sock"
+	DefaultCRIOSocket             = "/var/run/crio/crio.sock"
+	DefaultParallelism      int32 = 4
+	DefaultInitialAttempt         = "30s"
+	DefaultMaxAttempt             = "5m"
+	DefaultOverallTimeout         = "20m"
+	DefaultInitialRetry           = "1s"
+	DefaultMaxRetry               = "2m"
+	DefaultPullPolicy             = PullKubelet
+	DefaultMaxUnavailable         = "10%"
+	DefaultRefreshInterval        = "10m"
+
+	// ImageListKey is the key of the rendered ConfigMap and the file name
+	// the agent reads.
+	ImageListKey = "images.txt"
+	// ImageListDir is where the rendered ConfigMap is mounted.
+	ImageListDir = "/etc/image-prefetcher"
+	// PullSecretsDir holds one directory per pull secret.
+	PullSecretsDir = "/var/run/secrets/image-prefetcher/pull-secrets"
+)
+
+// NodeKey is the node label and annotation key of an instance.
+func NodeKey(instance string) string { return LabelDomain + "/" + instance }
+
+// LeaseName is the name of the i-th concurrency slot Lease of an instance.
+func LeaseName(instance string, i int) string {
+	return instance + "-slot-" + strconv.Itoa(i)
+}

@@ -1,0 +1,452 @@
+package render
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strings"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// Label keys and values put on every rendered object.
+const (
+	LabelName      = "app.kubernetes.io/name"
+	LabelInstance  = "app.kubernetes.io/instance"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelPartOf    = "app.kubernetes.io/part-of"
+	AppName        = "image-prefetcher"
+	ManagedBy      = "image-prefetcher-fn"
+
+	// ConfigHashAnnotation on the pod template holds the sha256 of the
+	// normalized list and settings: any change rolls the DaemonSet, even
+	// where the ConfigMap name carries no content hash.
+	ConfigHashAnnotation  = v1alpha1.LabelDomain + "/config-hash"
+	requiredSCCAnnotation = "openshift.io/required-scc"
+)
+
+// Names of the rendered objects of an instance.
+type Names struct {
+	// Namespaced objects: ServiceAccount, ConfigMap, DaemonSet, Role,
+	// RoleBinding.
+	Namespaced string
+	// SCCRole names the Role and RoleBinding granting "use" on the SCC.
+	SCCRole string
+	// Cluster-scoped objects include the namespace. Namespaces and instance
+	// names cannot hold '.', so the '.' separators make the name unique per
+	// (namespace, instance) pair.
+	Cluster string
+	// ServiceAccountUser is the API user name of the agent.
+	ServiceAccountUser string
+}
+
+// NamesFor returns the object names of instance name in namespace ns.
+func NamesFor(ns, name string) Names {
+	n := Names{
+		Namespaced: AppName + "-" + name,
+		Cluster:    AppName + "." + ns + "." + name,
+	}
+	n.SCCRole = n.Namespaced + "-scc"
+	n.ServiceAccountUser = "system:serviceaccount:" + ns + ":" + n.Namespaced
+	return n
+}
+
+// Labels returns the common labels of an instance's objects.
+func Labels(name string) map[string]string {
+	return map[string]string{
+		LabelName:      AppName,
+		LabelInstance:  name,
+		LabelManagedBy: ManagedBy,
+		LabelPartOf:    AppName,
+	}
+}
+
+func selectorLabels(name string) map[string]string {
+	return map[string]string{LabelName: AppName, LabelInstance: name}
+}
+
+// Hash is the sha256 of the normalized list and every setting.
+func (c Config) Hash() string {
+	b, err := json.Marshal(c)
+	if err != nil {
+		// Config holds only plain data; failing to marshal it is a bug.
+		panic(fmt.Sprintf("marshal config: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// ImageListText is the content of the rendered images.txt.
+func (c Config) ImageListText() string {
+	return strings.Join(c.Images, "\n") + "\n"
+}
+
+// Render expands a validated Config into the objects of the instance, in
+// a fixed order.
+func Render(c Config) ([]*yaml.RNode, error) {
+	n := NamesFor(c.Namespace, c.Name)
+	labels := Labels(c.Name)
+	meta := func(name string, namespaced bool) metav1.ObjectMeta {
+		m := metav1.ObjectMeta{Name: name, Labels: labels}
+		if namespaced {
+			m.Namespace = c.Namespace
+		}
+		return m
+	}
+	typ := func(apiVersion, kind string) metav1.TypeMeta {
+		return metav1.TypeMeta{APIVersion: apiVersion, Kind: kind}
+	}
+	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: n.Namespaced, Namespace: c.Namespace}
+
+	objs := []any{
+		&corev1.ServiceAccount{TypeMeta: typ("v1", "ServiceAccount"), ObjectMeta: meta(n.Namespaced, true)},
+		&rbacv1.ClusterRole{
+			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+			ObjectMeta: meta(n.Cluster, false),
+			// Nodes cannot be narrowed by name here (the DaemonSet's node
+			// set is dynamic); the admission policy narrows each patch to
+			// the agent's own node and its own label and annotation.
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}}},
+		},
+		&rbacv1.ClusterRoleBinding{
+			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+			ObjectMeta: meta(n.Cluster, false),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: n.Cluster},
+			Subjects:   []rbacv1.Subject{sa},
+		},
+		&rbacv1.Role{
+			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
+			ObjectMeta: meta(n.Namespaced, true),
+			Rules:      c.roleRules(),
+		},
+		&rbacv1.RoleBinding{
+			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+			ObjectMeta: meta(n.Namespaced, true),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: n.Namespaced},
+			Subjects:   []rbacv1.Subject{sa},
+		},
+	}
+	if c.Flavor == v1alpha1.FlavorOCP {
+		objs = append(objs,
+			&rbacv1.Role{
+				TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
+				ObjectMeta: meta(n.SCCRole, true),
+				Rules: []rbacv1.PolicyRule{{
+					APIGroups: []string{"security.openshift.io"}, Resources: []string{"securitycontextconstraints"},
+					ResourceNames: []string{n.Cluster}, Verbs: []string{"use"},
+				}},
+			},
+			&rbacv1.RoleBinding{
+				TypeMeta:   typ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+				ObjectMeta: meta(n.SCCRole, true),
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: n.SCCRole},
+				Subjects:   []rbacv1.Subject{sa},
+			})
+	}
+	objs = append(objs,
+		&corev1.ConfigMap{
+			TypeMeta:   typ("v1", "ConfigMap"),
+			ObjectMeta: meta(n.Namespaced, true),
+			Data:       map[string]string{v1alpha1.ImageListKey: c.ImageListText()},
+		},
+		c.daemonSet(n, labels, meta(n.Namespaced, true)))
+	if c.AdmissionPolicy {
+		objs = append(objs, c.admissionPolicy(n, meta(n.Cluster, false)), &admissionv1.ValidatingAdmissionPolicyBinding{
+			TypeMeta:   typ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+			ObjectMeta: meta(n.Cluster, false),
+			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName:        n.Cluster,
+				ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+			},
+		})
+	}
+	if c.Flavor == v1alpha1.FlavorOCP {
+		objs = append(objs, c.scc(meta(n.Cluster, false)))
+	}
+
+	out := make([]*yaml.RNode, 0, len(objs))
+	for _, o := range objs {
+		node, err := toNode(o)
+		if err != nil {
+			return nil, fmt.Errorf("render %T: %w", o, err)
+		}
+		out = append(out, node)
+	}
+	return out, nil
+}
+
+func (c Config) roleRules() []rbacv1.PolicyRule {
+	rules := []rbacv1.PolicyRule{{
+		APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"},
+	}}
+	if c.MaxConcurrentNodes > 0 {
+		names := make([]string, c.MaxConcurrentNodes)
+		for i := range names {
+			names[i] = v1alpha1.LeaseName(c.Name, i)
+		}
+		// RBAC cannot limit "create" by name, hence two rules.
+		rules = append(rules,
+			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: names, Verbs: []string{"get", "update", "delete"}},
+		)
+	}
+	return rules
+}
+
+// Volume names inside the pod.
+const (
+	volImageList = "image-list"
+	volCRISocket = "cri-socket"
+	volTmp       = "tmp"
+	volCPConfig  = "credential-provider-config"
+	volCPBin     = "credential-provider-bin"
+)
+
+func (c Config) flags(subcommand string) []string {
+	f := []string{
+		subcommand,
+		"--cri-socket=" + c.CRISocket,
+		"--image-list-file=" + path.Join(v1alpha1.ImageListDir, v1alpha1.ImageListKey),
+	}
+	for _, s := range c.PullSecrets {
+		f = append(f, "--docker-config="+path.Join(v1alpha1.PullSecretsDir, s))
+	}
+	if cp := c.CredentialProvider; cp != nil {
+		f = append(f, "--image-credential-provider-config="+cp.ConfigPath, "--image-credential-provider-bin-dir="+cp.BinDir)
+	}
+	f = append(f,
+		"--initial-pull-attempt-timeout="+c.InitialAttempt.String(),
+		"--max-pull-attempt-timeout="+c.MaxAttempt.String(),
+		"--overall-timeout="+c.OverallTimeout.String(),
+		"--initial-pull-attempt-delay="+c.InitialRetry.String(),
+		"--max-pull-attempt-delay="+c.MaxRetry.String(),
+		fmt.Sprintf("--parallelism=%d", c.Parallelism),
+		"--pull-policy="+string(c.Policy),
+	)
+	if !c.NodeLabel {
+		f = append(f, "--label-node=false")
+	}
+	if c.MaxConcurrentNodes > 0 {
+		f = append(f, fmt.Sprintf("--max-concurrent-nodes=%d", c.MaxConcurrentNodes))
+	}
+	if subcommand == "watch" {
+		f = append(f, "--refresh-interval="+c.RefreshInterval.String())
+	}
+	return f
+}
+
+func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectMeta) *appsv1.DaemonSet {
+	ro := true
+	socketDir := path.Dir(c.CRISocket)
+	dirType, fileType := corev1.HostPathDirectory, corev1.HostPathFile
+
+	mounts := []corev1.VolumeMount{
+		{Name: volImageList, MountPath: v1alpha1.ImageListDir, ReadOnly: true},
+		{Name: volCRISocket, MountPath: socketDir, ReadOnly: true},
+	}
+	volumes := []corev1.Volume{
+		{Name: volImageList, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: n.Namespaced},
+		}}},
+		{Name: volCRISocket, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: socketDir, Type: &dirType}}},
+	}
+	for i, s := range c.PullSecrets {
+		name := fmt.Sprintf("pull-secret-%d", i)
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: path.Join(v1alpha1.PullSecretsDir, s), ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: s}}})
+	}
+	if cp := c.CredentialProvider; cp != nil {
+		mounts = append(mounts,
+			corev1.VolumeMount{Name: volCPConfig, MountPath: cp.ConfigPath, ReadOnly: true},
+			corev1.VolumeMount{Name: volCPBin, MountPath: cp.BinDir, ReadOnly: true})
+		volumes = append(volumes,
+			corev1.Volume{Name: volCPConfig, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cp.ConfigPath, Type: &fileType}}},
+			corev1.Volume{Name: volCPBin, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cp.BinDir, Type: &dirType}}})
+	}
+	// The root filesystem is read-only; this is the only writable place.
+	mounts = append(mounts, corev1.VolumeMount{Name: volTmp, MountPath: "/tmp"})
+	volumes = append(volumes, corev1.Volume{Name: volTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+
+	env := []corev1.EnvVar{
+		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+		{Name: "INSTANCE_NAME", Value: c.Name},
+	}
+	f, root := false, int64(0)
+	sc := &corev1.SecurityContext{
+		Privileged:               &f,
+		AllowPrivilegeEscalation: &f,
+		ReadOnlyRootFilesystem:   &ro,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		// The CRI socket is owned by root with mode 0660 (containerd) or
+		// 0600 (CRI-O), and its directory is root-only. Running as UID 0
+		// is the only way to connect without privileges or capabilities:
+		// every capability is dropped, so root here cannot override file
+		// permissions, load modules or touch other processes.
+		RunAsUser:      &root,
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	container := func(name string) corev1.Container {
+		return corev1.Container{
+			Name:            name,
+			Image:           c.AgentImage,
+			Args:            c.flags(name),
+			Env:             env,
+			Resources:       c.Resources,
+			VolumeMounts:    mounts,
+			SecurityContext: sc,
+		}
+	}
+
+	annotations := map[string]string{
+		ConfigHashAnnotation:                      c.Hash(),
+		"kubectl.kubernetes.io/default-container": "watch",
+	}
+	podSC := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+	if c.Flavor == v1alpha1.FlavorOCP {
+		annotations[requiredSCCAnnotation] = n.Cluster
+		// spc_t lets a confined container reach the runtime socket, whose
+		// SELinux label container_t may not connect to.
+		podSC.SELinuxOptions = &corev1.SELinuxOptions{Type: "spc_t"}
+	}
+	mu := c.MaxUnavailable
+	return &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: meta,
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(c.Name)},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
+				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: &mu},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: n.Namespaced,
+					NodeSelector:       c.NodeSelector,
+					Affinity:           c.Affinity,
+					Tolerations:        c.Tolerations,
+					PriorityClassName:  c.PriorityClassName,
+					SecurityContext:    podSC,
+					InitContainers:     []corev1.Container{container("fetch")},
+					Containers:         []corev1.Container{container("watch")},
+					Volumes:            volumes,
+				},
+			},
+		},
+	}
+}
+
+// admissionPolicy limits what the agent's ServiceAccount may do to a Node:
+// RBAC can only grant "patch nodes", so the policy makes sure the patch
+// touches this instance's label and annotation on the agent's own node and
+// nothing else.
+func (c Config) admissionPolicy(n Names, meta metav1.ObjectMeta) *admissionv1.ValidatingAdmissionPolicy {
+	fail := admissionv1.Fail
+	key := v1alpha1.NodeKey(c.Name)
+	keep := func(field string) string {
+		return fmt.Sprintf("has(object.metadata.%[1]s) == has(oldObject.metadata.%[1]s) && (!has(object.metadata.%[1]s) || object.metadata.%[1]s == oldObject.metadata.%[1]s)", field)
+	}
+	onlyKey := func(v string) string {
+		return fmt.Sprintf("variables.new%[1]s.all(k, k == variables.key || (k in variables.old%[1]s && variables.old%[1]s[k] == variables.new%[1]s[k])) && variables.old%[1]s.all(k, k == variables.key || k in variables.new%[1]s)", v)
+	}
+	return &admissionv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: meta,
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionv1.MatchResources{
+				ResourceRules: []admissionv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionv1.RuleWithOperations{
+						Operations: []admissionv1.OperationType{admissionv1.Update},
+						Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}},
+					},
+				}},
+			},
+			MatchConditions: []admissionv1.MatchCondition{{
+				Name:       "is-image-prefetcher-agent",
+				Expression: fmt.Sprintf("request.userInfo.username == '%s'", n.ServiceAccountUser),
+			}},
+			Variables: []admissionv1.Variable{
+				{Name: "key", Expression: fmt.Sprintf("'%s'", key)},
+				{Name: "oldLabels", Expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"},
+				{Name: "newLabels", Expression: "has(object.metadata.labels) ? object.metadata.labels : {}"},
+				{Name: "oldAnnotations", Expression: "has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}"},
+				{Name: "newAnnotations", Expression: "has(object.metadata.annotations) ? object.metadata.annotations : {}"},
+				{Name: "nodeNames", Expression: "'authentication.kubernetes.io/node-name' in request.userInfo.extra ? request.userInfo.extra['authentication.kubernetes.io/node-name'] : []"},
+			},
+			Validations: []admissionv1.Validation{
+				{
+					Expression: "variables.nodeNames.exists(n, n == object.metadata.name)",
+					Message:    "the image prefetcher may only change the node its own pod runs on (authentication.kubernetes.io/node-name of a pod-bound token)",
+				},
+				{Expression: onlyKey("Labels"), Message: "the image prefetcher may only change the label " + key},
+				{Expression: onlyKey("Annotations"), Message: "the image prefetcher may only change the annotation " + key},
+				{
+					Expression: fmt.Sprintf("!(variables.key in variables.newLabels) || variables.newLabels[variables.key] in ['%s', '%s']", v1alpha1.LabelSucceeded, v1alpha1.LabelFailed),
+					Message:    fmt.Sprintf("the label %s must be %s or %s", key, v1alpha1.LabelSucceeded, v1alpha1.LabelFailed),
+				},
+				{Expression: "object.spec == oldObject.spec", Message: "the image prefetcher may not change the node's spec"},
+				{Expression: keep("ownerReferences") + " && " + keep("finalizers"), Message: "the image prefetcher may not change the node's owners or finalizers"},
+			},
+		},
+	}
+}
+
+// securityContextConstraints is the part of OpenShift's SCC type that the
+// function sets; the whole type is not worth a dependency.
+type securityContextConstraints struct {
+	metav1.TypeMeta          `json:",inline"`
+	Metadata                 metav1.ObjectMeta `json:"metadata"`
+	AllowHostDirVolumePlugin bool              `json:"allowHostDirVolumePlugin"`
+	AllowHostIPC             bool              `json:"allowHostIPC"`
+	AllowHostNetwork         bool              `json:"allowHostNetwork"`
+	AllowHostPID             bool              `json:"allowHostPID"`
+	AllowHostPorts           bool              `json:"allowHostPorts"`
+	AllowPrivilegeEscalation bool              `json:"allowPrivilegeEscalation"`
+	AllowPrivilegedContainer bool              `json:"allowPrivilegedContainer"`
+	ReadOnlyRootFilesystem   bool              `json:"readOnlyRootFilesystem"`
+	RequiredDropCapabilities []string          `json:"requiredDropCapabilities"`
+	RunAsUser                sccStrategy       `json:"runAsUser"`
+	SELinuxContext           sccStrategy       `json:"seLinuxContext"`
+	FSGroup                  sccStrategy       `json:"fsGroup"`
+	SupplementalGroups       sccStrategy       `json:"supplementalGroups"`
+	SeccompProfiles          []string          `json:"seccompProfiles"`
+	Volumes                  []string          `json:"volumes"`
+}
+
+type sccStrategy struct {
+	Type           string                 `json:"type"`
+	UID            *int64                 `json:"uid,omitempty"`
+	SELinuxOptions *corev1.SELinuxOptions `json:"seLinuxOptions,omitempty"`
+}
+
+func (c Config) scc(meta metav1.ObjectMeta) *securityContextConstraints {
+	root := int64(0)
+	return &securityContextConstraints{
+		TypeMeta: metav1.TypeMeta{APIVersion: "security.openshift.io/v1", Kind: "SecurityContextConstraints"},
+		Metadata: meta,
+		// hostPath is needed for the CRI socket directory (and the
+		// credential-provider paths); everything else stays forbidden.
+		AllowHostDirVolumePlugin: true,
+		ReadOnlyRootFilesystem:   true,
+		RequiredDropCapabilities: []string{"ALL"},
+		// UID 0 for the root-owned CRI socket; see the DaemonSet.
+		RunAsUser:          sccStrategy{Type: "MustRunAs", UID: &root},
+		SELinuxContext:     sccStrategy{Type: "MustRunAs", SELinuxOptions: &corev1.SELinuxOptions{Type: "spc_t"}},
+		FSGroup:            sccStrategy{Type: "RunAsAny"},
+		SupplementalGroups: sccStrategy{Type: "RunAsAny"},
+		SeccompProfiles:    []string{"runtime/default"},
+		Volumes:            []string{"configMap", "downwardAPI", "emptyDir", "hostPath", "projected", "secret"},
+	}
+}

@@ -1,0 +1,395 @@
+package render
+
+import (
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
+	"github.com/image-prefetcher/image-prefetcher/fn/version"
+)
+
+// Limits that keep the rendered objects reasonable.
+const (
+	maxParallelism        = 64
+	maxConcurrentNodesCap = 1000
+)
+
+// ConfigMapLookup finds a ConfigMap of the ResourceList by namespace and
+// name. It returns the ConfigMap's data and whether it was found.
+type ConfigMapLookup func(namespace, name string) (data map[string]string, found bool)
+
+// Config is an ImagePrefetcher with every default applied and every value
+// checked: what the renderer needs and nothing else. Its JSON form is what
+// the pod-template hash covers, so it must hold only normalized values.
+type Config struct {
+	Name               string                       `json:"name"`
+	Namespace          string                       `json:"namespace"`
+	Images             []string                     `json:"images"`
+	Flavor             v1alpha1.Flavor              `json:"flavor"`
+	Runtime            v1alpha1.Runtime             `json:"runtime"`
+	CRISocket          string                       `json:"criSocket"`
+	AgentImage         string                       `json:"agentImage"`
+	Resources          corev1.ResourceRequirements  `json:"resources"`
+	PullSecrets        []string                     `json:"pullSecrets,omitempty"`
+	CredentialProvider *v1alpha1.CredentialProvider `json:"credentialProvider,omitempty"`
+	NodeSelector       map[string]string            `json:"nodeSelector,omitempty"`
+	Affinity           *corev1.Affinity             `json:"affinity,omitempty"`
+	Tolerations        []corev1.Toleration          `json:"tolerations"`
+	PriorityClassName  string                       `json:"priorityClassName,omitempty"`
+	Parallelism        int32                        `json:"parallelism"`
+	InitialAttempt     time.Duration                `json:"initialAttemptTimeout"`
+	MaxAttempt         time.Duration                `json:"maxAttemptTimeout"`
+	OverallTimeout     time.Duration                `json:"overallTimeout"`
+	InitialRetry       time.Duration                `json:"initialRetryDelay"`
+	MaxRetry           time.Duration                `json:"maxRetryDelay"`
+	Policy             v1alpha1.PullPolicy          `json:"policy"`
+	MaxConcurrentNodes int32                        `json:"maxConcurrentNodes"`
+	MaxUnavailable     intstr.IntOrString           `json:"maxUnavailable"`
+	NodeLabel          bool                         `json:"nodeLabel"`
+	RefreshInterval    time.Duration                `json:"refreshInterval"`
+	AdmissionPolicy    bool                         `json:"admissionPolicy"`
+}
+
+// DefaultResources are the agent's requests and limits when
+// spec.agent.resources is unset: the agent only talks gRPC to the runtime,
+// which does the pulling, so it needs little.
+func DefaultResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("10m"),
+			corev1.ResourceMemory: resource.MustParse("32Mi"),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceMemory: resource.MustParse("128Mi"),
+		},
+	}
+}
+
+// Validate checks every field, applies defaults and resolves the image
+// list. The Config is meaningful only when the Problems hold no error.
+func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Problems) {
+	var p Problems
+	s := ip.Spec
+	c := Config{Name: ip.Metadata.Name, Namespace: ip.Metadata.Namespace}
+
+	switch {
+	case c.Name == "":
+		p = append(p, errorf("metadata.name", "is required: it names the instance"))
+	case len(validation.IsDNS1123Label(c.Name)) > 0 || len(validation.IsQualifiedName(c.Name)) > 0:
+		p = append(p, errorf("metadata.name", "%q is not a valid instance name: it becomes the node label key %s, so it must be a label name segment of at most 63 characters, and it names Kubernetes objects, so only lowercase letters, digits and '-' are allowed, starting and ending with a letter or digit", c.Name, v1alpha1.NodeKey(c.Name)))
+	}
+	switch {
+	case c.Namespace == "":
+		p = append(p, errorf("metadata.namespace", "is required: the agent's DaemonSet, ServiceAccount and ConfigMap are created in it"))
+	case len(validation.IsDNS1123Label(c.Namespace)) > 0:
+		p = append(p, errorf("metadata.namespace", "%q is not a valid namespace name: %s", c.Namespace, strings.Join(validation.IsDNS1123Label(c.Namespace), "; ")))
+	}
+
+	p = append(p, c.resolveImages(s, lookup)...)
+
+	switch s.Flavor {
+	case "", v1alpha1.FlavorVanilla:
+		c.Flavor = v1alpha1.FlavorVanilla
+	case v1alpha1.FlavorOCP, v1alpha1.FlavorOpenShift:
+		c.Flavor = v1alpha1.FlavorOCP
+	default:
+		p = append(p, errorf("spec.flavor", "%q is not supported: use vanilla, ocp or openshift", s.Flavor))
+	}
+	switch s.Runtime {
+	case "", v1alpha1.RuntimeAuto:
+		c.Runtime = v1alpha1.RuntimeContainerd
+		if c.Flavor == v1alpha1.FlavorOCP {
+			c.Runtime = v1alpha1.RuntimeCRIO
+		}
+	case v1alpha1.RuntimeContainerd, v1alpha1.RuntimeCRIO:
+		c.Runtime = s.Runtime
+	default:
+		p = append(p, errorf("spec.runtime", "%q is not supported: use containerd, crio or auto", s.Runtime))
+	}
+	c.CRISocket = v1alpha1.DefaultContainerdSocket
+	if c.Runtime == v1alpha1.RuntimeCRIO {
+		c.CRISocket = v1alpha1.DefaultCRIOSocket
+	}
+	if s.CRISocket != "" {
+		c.CRISocket = s.CRISocket
+		if err := hostFilePath(s.CRISocket); err != "" {
+			p = append(p, errorf("spec.criSocket", "%q %s", s.CRISocket, err))
+		}
+	}
+
+	c.AgentImage = version.AgentImage()
+	if s.Agent.Image != "" {
+		c.AgentImage = s.Agent.Image
+		if _, err := imagelist.Normalize(s.Agent.Image); err != nil {
+			p = append(p, errorf("spec.agent.image", "%v", err))
+		}
+	}
+	c.Resources = DefaultResources()
+	if s.Agent.Resources != nil {
+		c.Resources = *s.Agent.Resources
+		for _, name := range sortedKeys(c.Resources.Limits) {
+			limit := c.Resources.Limits[name]
+			if req, ok := c.Resources.Requests[name]; ok && req.Cmp(limit) > 0 {
+				p = append(p, errorf("spec.agent.resources.requests."+string(name), "request %s is above the limit %s", req.String(), limit.String()))
+			}
+		}
+	}
+
+	seen := map[string]bool{}
+	for i, name := range s.ImagePullSecrets {
+		fp := fmt.Sprintf("spec.imagePullSecrets[%d]", i)
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			p = append(p, errorf(fp, "%q is not a valid Secret name: %s", name, strings.Join(errs, "; ")))
+			continue
+		}
+		if seen[name] {
+			p = append(p, errorf(fp, "Secret %q is listed twice", name))
+			continue
+		}
+		seen[name] = true
+		c.PullSecrets = append(c.PullSecrets, name)
+	}
+
+	if cp := s.CredentialProvider; cp != nil {
+		for _, f := range []struct{ path, val string }{{"configPath", cp.ConfigPath}, {"binDir", cp.BinDir}} {
+			fp := "spec.credentialProvider." + f.path
+			if f.val == "" {
+				p = append(p, errorf(fp, "is required: the kubelet needs both the provider config and its plugin directory"))
+			} else if err := hostFilePath(f.val); err != "" {
+				p = append(p, errorf(fp, "%q %s", f.val, err))
+			}
+		}
+		c.CredentialProvider = cp
+	}
+
+	for _, k := range sortedKeys(s.NodeSelector) {
+		v := s.NodeSelector[k]
+		fp := "spec.nodeSelector." + k
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			p = append(p, errorf(fp, "%q is not a valid label key: %s", k, strings.Join(errs, "; ")))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			p = append(p, errorf(fp, "%q is not a valid label value: %s", v, strings.Join(errs, "; ")))
+		}
+	}
+	c.NodeSelector = s.NodeSelector
+	c.Affinity = s.Affinity
+
+	// Like the reference, tolerate every taint unless told otherwise: the
+	// images are wanted on every node a workload might land on.
+	c.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+	if s.Tolerations != nil {
+		c.Tolerations = s.Tolerations
+	}
+	for i, t := range s.Tolerations {
+		fp := fmt.Sprintf("spec.tolerations[%d]", i)
+		switch t.Operator {
+		case "", corev1.TolerationOpEqual:
+		case corev1.TolerationOpExists:
+			if t.Value != "" {
+				p = append(p, errorf(fp+".value", "must be empty when operator is Exists"))
+			}
+		default:
+			p = append(p, errorf(fp+".operator", "%q is not supported: use Equal or Exists", t.Operator))
+		}
+		switch t.Effect {
+		case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			p = append(p, errorf(fp+".effect", "%q is not supported: use NoSchedule, PreferNoSchedule or NoExecute", t.Effect))
+		}
+	}
+
+	if s.PriorityClassName != "" {
+		if errs := validation.IsDNS1123Subdomain(s.PriorityClassName); len(errs) > 0 {
+			p = append(p, errorf("spec.priorityClassName", "%q is not a valid PriorityClass name: %s", s.PriorityClassName, strings.Join(errs, "; ")))
+		}
+		c.PriorityClassName = s.PriorityClassName
+	}
+
+	c.Parallelism = v1alpha1.DefaultParallelism
+	if s.Pull.Parallelism != nil {
+		c.Parallelism = *s.Pull.Parallelism
+		if c.Parallelism < 1 || c.Parallelism > maxParallelism {
+			p = append(p, errorf("spec.pull.parallelism", "must be between 1 and %d, got %d", maxParallelism, c.Parallelism))
+		}
+	}
+	dur := func(field, val, def string, zeroOK bool, out *time.Duration) {
+		if val == "" {
+			val = def
+		}
+		d, err := time.ParseDuration(val)
+		switch {
+		case err != nil:
+			p = append(p, errorf(field, "%q is not a duration: use a Go duration such as 90s, 5m or 1h30m", val))
+		case d < 0 || (d == 0 && !zeroOK):
+			p = append(p, errorf(field, "must be greater than zero, got %q", val))
+		}
+		*out = d
+	}
+	dur("spec.pull.initialAttemptTimeout", s.Pull.InitialAttemptTimeout, v1alpha1.DefaultInitialAttempt, false, &c.InitialAttempt)
+	dur("spec.pull.maxAttemptTimeout", s.Pull.MaxAttemptTimeout, v1alpha1.DefaultMaxAttempt, false, &c.MaxAttempt)
+	dur("spec.pull.overallTimeout", s.Pull.OverallTimeout, v1alpha1.DefaultOverallTimeout, false, &c.OverallTimeout)
+	dur("spec.pull.initialRetryDelay", s.Pull.InitialRetryDelay, v1alpha1.DefaultInitialRetry, false, &c.InitialRetry)
+	dur("spec.pull.maxRetryDelay", s.Pull.MaxRetryDelay, v1alpha1.DefaultMaxRetry, false, &c.MaxRetry)
+	dur("spec.refreshInterval", s.RefreshInterval, v1alpha1.DefaultRefreshInterval, true, &c.RefreshInterval)
+	if c.InitialAttempt > 0 && c.MaxAttempt > 0 && c.InitialAttempt > c.MaxAttempt {
+		p = append(p, errorf("spec.pull.initialAttemptTimeout", "%s is above maxAttemptTimeout %s", c.InitialAttempt, c.MaxAttempt))
+	}
+	if c.InitialRetry > 0 && c.MaxRetry > 0 && c.InitialRetry > c.MaxRetry {
+		p = append(p, errorf("spec.pull.initialRetryDelay", "%s is above maxRetryDelay %s", c.InitialRetry, c.MaxRetry))
+	}
+
+	switch s.Pull.Policy {
+	case "":
+		c.Policy = v1alpha1.DefaultPullPolicy
+	case v1alpha1.PullKubelet, v1alpha1.PullAlways, v1alpha1.PullIfNotPresent:
+		c.Policy = s.Pull.Policy
+	default:
+		p = append(p, errorf("spec.pull.policy", "%q is not supported: use Kubelet, IfNotPresent or Always", s.Pull.Policy))
+	}
+	if s.Pull.MaxConcurrentNodes != nil {
+		c.MaxConcurrentNodes = *s.Pull.MaxConcurrentNodes
+		if c.MaxConcurrentNodes < 0 || c.MaxConcurrentNodes > maxConcurrentNodesCap {
+			p = append(p, errorf("spec.pull.maxConcurrentNodes", "must be between 0 (no cap) and %d, got %d", maxConcurrentNodesCap, c.MaxConcurrentNodes))
+		}
+	}
+
+	c.MaxUnavailable = intstr.FromString(v1alpha1.DefaultMaxUnavailable)
+	if mu := s.Rollout.MaxUnavailable; mu != nil {
+		c.MaxUnavailable = *mu
+		if msg := checkMaxUnavailable(*mu); msg != "" {
+			p = append(p, errorf("spec.rollout.maxUnavailable", "%s", msg))
+		}
+	}
+
+	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled
+	c.AdmissionPolicy = s.AdmissionPolicy == nil || *s.AdmissionPolicy
+	return c, p
+}
+
+func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems {
+	var p Problems
+	var b imagelist.Builder
+	// Inline references get line = index+1, so that a finding can name the
+	// list index; the ConfigMap text keeps its own line numbers. One builder
+	// keeps one de-duplication scope across both sources.
+	for i, ref := range s.Images {
+		if strings.TrimSpace(ref) == "" {
+			p = append(p, errorf(fmt.Sprintf("spec.images[%d]", i), "is empty"))
+			continue
+		}
+		b.Add(i+1, ref)
+	}
+	nInline, nInlineDups := len(b.List().Entries), len(b.List().Duplicates)
+
+	cmPath := "spec.imageListFrom.configMapRef"
+	var cmDesc string
+	if src := s.ImageListFrom; src != nil {
+		ref := src.ConfigMapRef
+		switch {
+		case ref == nil:
+			p = append(p, errorf(cmPath, "is required when imageListFrom is set"))
+		case ref.Name == "":
+			p = append(p, errorf(cmPath+".name", "is required"))
+		case ref.Key == "":
+			p = append(p, errorf(cmPath+".key", "is required"))
+		default:
+			cmDesc = fmt.Sprintf("ConfigMap %s/%s key %q", c.Namespace, ref.Name, ref.Key)
+			data, found := lookup(c.Namespace, ref.Name)
+			text, hasKey := data[ref.Key]
+			switch {
+			case !found:
+				p = append(p, errorf(cmPath+".name", "ConfigMap %s/%s is not in the ResourceList: in kustomize, declare it in the same kustomization and run the function as a transformer", c.Namespace, ref.Name))
+			case !hasKey:
+				p = append(p, errorf(cmPath+".key", "ConfigMap %s/%s has no key %q (keys: %s)", c.Namespace, ref.Name, ref.Key, strings.Join(sortedKeys(data), ", ")))
+			default:
+				b.AddText(text)
+			}
+		}
+	}
+	list := b.List()
+	inlineAt := func(line int) string { return fmt.Sprintf("spec.images[%d]", line-1) }
+	for i, e := range list.Entries {
+		if e.Err == nil {
+			continue
+		}
+		if i < nInline {
+			p = append(p, errorf(inlineAt(e.Line), "%v", e.Err))
+		} else {
+			p = append(p, errorf(cmPath, "%s, line %d: %v", cmDesc, e.Line, e.Err))
+		}
+	}
+	for i, d := range list.Duplicates {
+		if i < nInlineDups {
+			p = append(p, warnf(inlineAt(d.Line), "%q duplicates %q of %s; keeping the first", d.Ref, d.FirstRef, inlineAt(d.FirstLine)))
+			continue
+		}
+		first := fmt.Sprintf("line %d", d.FirstLine)
+		for _, e := range list.Entries[:nInline] {
+			if e.Ref == d.FirstRef && e.Line == d.FirstLine {
+				first = inlineAt(d.FirstLine)
+				break
+			}
+		}
+		p = append(p, warnf(cmPath, "%s, line %d: %q duplicates %q of %s; keeping the first", cmDesc, d.Line, d.Ref, d.FirstRef, first))
+	}
+	for _, e := range list.Entries {
+		if e.Err == nil {
+			c.Images = append(c.Images, e.Normalized)
+		}
+	}
+	if len(list.Entries) == 0 && !p.HasErrors() {
+		p = append(p, errorf("spec.images", "the image list is empty: list images in spec.images or in the ConfigMap named by spec.imageListFrom.configMapRef"))
+	}
+	return p
+}
+
+// hostFilePath returns why p cannot be mounted from the host, or "".
+func hostFilePath(p string) string {
+	switch {
+	case !path.IsAbs(p):
+		return "must be an absolute path on the node"
+	case path.Clean(p) != p:
+		return "must be a clean path (no '..', '//' or trailing '/')"
+	case path.Dir(p) == "/":
+		return "must not be directly under '/': its directory is mounted into the pod"
+	}
+	return ""
+}
+
+func checkMaxUnavailable(v intstr.IntOrString) string {
+	if v.Type == intstr.Int {
+		if v.IntVal < 1 {
+			return fmt.Sprintf("must be at least 1, got %d", v.IntVal)
+		}
+		return ""
+	}
+	n, ok := strings.CutSuffix(v.StrVal, "%")
+	i, err := strconv.Atoi(n)
+	if !ok || err != nil || i < 1 || i > 100 {
+		return fmt.Sprintf("%q must be a number of nodes (at least 1) or a percentage between 1%% and 100%%", v.StrVal)
+	}
+	return ""
+}
+
+func sortedKeys[M ~map[K]V, K ~string, V any](m M) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && out[j] < out[j-1]; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
