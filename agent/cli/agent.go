@@ -1,0 +1,273 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/creds"
+	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/events"
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
+)
+
+// agentFlags are shared by fetch and watch, with the reference agent's
+// names and defaults so that existing manifests keep working.
+type agentFlags struct {
+	criSocket             string
+	imageListFile         string
+	dockerConfigs         []string
+	initialAttemptTimeout time.Duration
+	maxAttemptTimeout     time.Duration
+	overallTimeout        time.Duration
+	initialDelay          time.Duration
+	maxDelay              time.Duration
+	providerConfig        string
+	providerBinDir        string
+	parallelism           int
+	pullPolicy            string
+	nodeName              string
+	instance              string
+	labelDomain           string
+	labelNode             bool
+	kubeconfig            string
+	maxConcurrentNodes    int
+	seedNodes             int
+	metricsAddr           string
+	versionRetryFor       time.Duration
+	permanentAttempts     int
+	labelRetryFor         time.Duration
+}
+
+func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.criSocket, "cri-socket", cri.DefaultSocket, "path of the CRI socket of the container runtime")
+	fs.StringVar(&f.imageListFile, "image-list-file", "", "file with one image reference per line")
+	fs.StringArrayVar(&f.dockerConfigs, "docker-config", nil, "pull secret: a directory holding .dockerconfigjson and/or .dockercfg, or one such file (repeatable)")
+	fs.DurationVar(&f.initialAttemptTimeout, "initial-pull-attempt-timeout", 30*time.Second, "timeout of the first pull attempt of an image; doubles on each attempt")
+	fs.DurationVar(&f.maxAttemptTimeout, "max-pull-attempt-timeout", 5*time.Minute, "largest timeout of one pull attempt")
+	fs.DurationVar(&f.overallTimeout, "overall-timeout", 20*time.Minute, "time allowed for pulling the whole list")
+	fs.DurationVar(&f.initialDelay, "initial-pull-attempt-delay", time.Second, "delay before the second attempt of an image; doubles on each attempt, ±20% jitter")
+	fs.DurationVar(&f.maxDelay, "max-pull-attempt-delay", 10*time.Minute, "largest delay between attempts of an image")
+	fs.StringVar(&f.providerConfig, "image-credential-provider-config", "", "kubelet CredentialProviderConfig file for exec credential plugins")
+	fs.StringVar(&f.providerBinDir, "image-credential-provider-bin-dir", "", "directory holding the credential plugin binaries")
+	fs.IntVar(&f.parallelism, "parallelism", 4, "images pulled at the same time")
+	fs.StringVar(&f.pullPolicy, "pull-policy", string(v1alpha1.PullKubelet), "Kubelet (Always for :latest or untagged, IfNotPresent otherwise), IfNotPresent or Always")
+	fs.StringVar(&f.nodeName, "node-name", getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
+	fs.StringVar(&f.instance, "instance", getenv("INSTANCE_NAME"), "ImagePrefetcher instance name, the label key suffix (default $INSTANCE_NAME)")
+	fs.StringVar(&f.labelDomain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
+	fs.BoolVar(&f.labelNode, "label-node", true, "write the node label and annotation")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster config when empty")
+	fs.IntVar(&f.maxConcurrentNodes, "max-concurrent-nodes", 0, "nodes of this instance pulling at the same time; 0 means no limit")
+	fs.IntVar(&f.seedNodes, "seed-nodes", 0, "nodes that pull first before the others start (with --max-concurrent-nodes)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics and /healthz, e.g. :9100; off when empty")
+	fs.DurationVar(&f.versionRetryFor, "cri-connect-timeout", 30*time.Second, "how long to wait for the runtime to answer its first call")
+	fs.IntVar(&f.permanentAttempts, "permanent-error-attempts", 3, "attempts for an image whose errors are permanent (not found, unauthorized)")
+	fs.DurationVar(&f.labelRetryFor, "label-retry-timeout", 2*time.Minute, "how long transient API errors are retried when labeling")
+	_ = fs.MarkHidden("permanent-error-attempts")
+	_ = fs.MarkHidden("label-retry-timeout")
+}
+
+func (f *agentFlags) validate() error {
+	switch v1alpha1.PullPolicy(f.pullPolicy) {
+	case v1alpha1.PullKubelet, v1alpha1.PullIfNotPresent, v1alpha1.PullAlways:
+	default:
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--pull-policy %q: want Kubelet, IfNotPresent or Always", f.pullPolicy)}
+	}
+	if f.parallelism < 1 {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--parallelism must be at least 1")}
+	}
+	if f.maxConcurrentNodes < 0 || f.seedNodes < 0 {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--max-concurrent-nodes and --seed-nodes must not be negative")}
+	}
+	if f.labelNode && (f.nodeName == "" || f.instance == "") {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("labeling needs --node-name and --instance (or NODE_NAME and INSTANCE_NAME); pass --label-node=false to skip it")}
+	}
+	return nil
+}
+
+// agent is everything fetch and watch share once flags are parsed.
+type agent struct {
+	flags   *agentFlags
+	deps    *Deps
+	log     *slog.Logger
+	entries []imagelist.Entry
+	cri     *cri.Client
+	puller  *pull.Puller
+	labeler *label.Labeler
+	events  *events.Recorder
+	metrics *metrics.Metrics
+}
+
+func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agent, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	log := slog.Default().With("node", f.nodeName, "instance", f.instance)
+	a := &agent{flags: f, deps: deps, log: log}
+
+	var b imagelist.Builder
+	if f.imageListFile != "" {
+		data, err := os.ReadFile(f.imageListFile)
+		if err != nil {
+			return nil, fmt.Errorf("read image list: %w", err)
+		}
+		b.AddText(string(data))
+	}
+	for _, ref := range args {
+		b.Add(0, ref)
+	}
+	list := b.List()
+	for _, d := range list.Duplicates {
+		log.Info("duplicate image ignored", "line", d.Line, "image", d.Ref, "sameAsLine", d.FirstLine)
+	}
+	for _, e := range list.Invalid() {
+		log.Error("invalid image reference; not attempted", "line", e.Line, "image", e.Ref, "err", e.Err)
+	}
+	if len(list.Entries) == 0 {
+		log.Warn("the image list is empty")
+	}
+	a.entries = list.Entries
+
+	provider := &creds.Provider{Log: log}
+	for _, p := range f.dockerConfigs {
+		if err := creds.LoadDockerConfig(&provider.Keyring, p); err != nil {
+			return nil, err
+		}
+	}
+	if f.providerConfig != "" {
+		if f.providerBinDir == "" {
+			return nil, &ExitCodeError{Code: ExitUsage, Err: errors.New("--image-credential-provider-config needs --image-credential-provider-bin-dir")}
+		}
+		plugins, err := creds.LoadProviderConfig(f.providerConfig, f.providerBinDir)
+		if err != nil {
+			return nil, err
+		}
+		provider.Plugins = plugins
+	}
+
+	var kube kubernetes.Interface
+	pod, ns := deps.Getenv("POD_NAME"), deps.Getenv("POD_NAMESPACE")
+	if f.labelNode || f.maxConcurrentNodes > 0 || (pod != "" && ns != "") {
+		k, err := deps.Kube(f.kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		kube = k
+	}
+	if f.labelNode {
+		a.labeler = &label.Labeler{Client: kube, Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep}
+	}
+	a.events = &events.Recorder{Client: kube, Pod: pod, Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
+
+	gate, err := deps.NewGate(ctx, GateConfig{Kube: kube, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
+		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("herd control: %w", err)
+	}
+
+	if f.metricsAddr != "" {
+		a.metrics = metrics.New()
+		if err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
+			return nil, err
+		}
+	}
+
+	c, err := cri.Dial(f.criSocket)
+	if err != nil {
+		return nil, err
+	}
+	a.cri = c
+	if err := a.runtimeVersion(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	cfg := pull.Config{
+		Parallelism:           f.parallelism,
+		Policy:                v1alpha1.PullPolicy(f.pullPolicy),
+		InitialAttemptTimeout: f.initialAttemptTimeout,
+		MaxAttemptTimeout:     f.maxAttemptTimeout,
+		InitialDelay:          f.initialDelay,
+		MaxDelay:              f.maxDelay,
+		OverallTimeout:        f.overallTimeout,
+		PermanentAttempts:     f.permanentAttempts,
+		Gate:                  gate,
+		Creds:                 provider,
+		Log:                   log,
+		Sleep:                 deps.Sleep,
+	}
+	if a.metrics != nil {
+		cfg.Observer = a.metrics
+	}
+	a.puller = pull.New(c, cfg)
+	return a, nil
+}
+
+// runtimeVersion asks the runtime who it is, waiting a little for a
+// runtime that is still starting.
+func (a *agent) runtimeVersion(ctx context.Context) error {
+	deadline := time.Now().Add(a.flags.versionRetryFor)
+	wait := 200 * time.Millisecond
+	for {
+		vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		name, ver, err := a.cri.Version(vctx)
+		cancel()
+		if err == nil {
+			a.log.Info("connected to the container runtime", "socket", a.cri.Socket, "runtime", name, "version", ver)
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("container runtime at %s does not answer: %w", a.cri.Socket, err)
+		}
+		a.log.Warn("container runtime not answering yet; retrying", "socket", a.cri.Socket, "err", err)
+		if sleepCtx(ctx, wait) != nil {
+			return ctx.Err()
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// summarize turns results into the annotation summary.
+func summarize(results []pull.Result, d time.Duration) label.Summary {
+	present := 0
+	var failures []label.Failure
+	for _, r := range results {
+		if r.Present {
+			present++
+			continue
+		}
+		reason := r.Reason
+		if reason == "" {
+			reason = pull.ReasonMissing
+		}
+		failures = append(failures, label.Failure{Image: r.Image, Reason: reason, Message: r.Message})
+	}
+	return label.NewSummary(len(results), present, failures, d, time.Now())
+}
+
+func (a *agent) observe(s label.Summary) {
+	if a.metrics != nil {
+		a.metrics.Checked(s.Present, s.FailureCount(), time.Now())
+	}
+}

@@ -1,0 +1,312 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+)
+
+func writeList(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "images.txt")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestFetchAllGood(t *testing.T) {
+	e := newEnv(t)
+	e.cri.AddImage("docker.io/library/pinned:1.0", 500)
+	list := writeList(t, "\uFEFF# images\r\ndebian\r\npinned:1.0\n\nquay.io/x/y:2 # comment\ndebian:latest\n")
+	if code := e.run(e.agentArgs("fetch", "--image-list-file="+list, "ghcr.io/extra/arg:3")...); code != 0 {
+		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+	}
+	v, s, ok := e.state()
+	if !ok || v != "succeeded" {
+		t.Fatalf("label %q ok=%v", v, ok)
+	}
+	if s.Total != 4 || s.Present != 4 || len(s.Failed) != 0 || s.CompletedAt == "" {
+		t.Errorf("summary %+v", s)
+	}
+	// The pinned, present image costs no pull; debian:latest is pulled once.
+	if n := len(e.cri.Pulls("docker.io/library/pinned:1.0")); n != 0 {
+		t.Errorf("present pinned image pulled %d times", n)
+	}
+	if n := len(e.cri.Pulls("docker.io/library/debian:latest")); n != 1 {
+		t.Errorf("debian pulled %d times, want 1", n)
+	}
+	if !e.cri.HasImage("ghcr.io/extra/arg:3") {
+		t.Error("image given as argument not pulled")
+	}
+	e.assertOthersUntouched()
+}
+
+func TestFetchRestartWithPinnedImagesSendsNoPulls(t *testing.T) {
+	e := newEnv(t)
+	list := writeList(t, "a.example.com/app:1\nb.example.com/db@sha256:"+strings.Repeat("a", 64)+"\n")
+	for range 2 {
+		if code := e.run(e.agentArgs("fetch", "--image-list-file="+list)...); code != 0 {
+			t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+		}
+	}
+	if n := len(e.cri.Pulls("")); n != 2 {
+		t.Errorf("%d pulls over two runs, want 2 (only the first run pulls)", n)
+	}
+}
+
+func TestFetchPullPolicyAlways(t *testing.T) {
+	e := newEnv(t)
+	e.cri.AddImage("a.example.com/app:1", 1)
+	if code := e.run(e.agentArgs("fetch", "--pull-policy=Always", "a.example.com/app:1")...); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if n := len(e.cri.Pulls("")); n != 1 {
+		t.Errorf("%d pulls, want 1", n)
+	}
+}
+
+func TestFetchNotFoundGivesUpAfterThreeAttempts(t *testing.T) {
+	e := newEnv(t)
+	ref := "docker.io/library/typo:1"
+	e.cri.SetBehavior(ref, func(context.Context, int, *runtimeapi.PullImageRequest) error { return fakecri.NotFound(ref) })
+	// The overall timeout is the default 20m: finishing at all proves that a
+	// permanent error does not wait for it.
+	if code := e.run(e.agentArgs("fetch", "typo:1", "good:1")...); code != 0 {
+		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+	}
+	if n := len(e.cri.Pulls(ref)); n != 3 {
+		t.Errorf("%d attempts, want 3", n)
+	}
+	v, s, _ := e.state()
+	if v != "failed" || s.Total != 2 || s.Present != 1 || len(s.Failed) != 1 || s.Failed[0].Reason != pull.ReasonNotFound || s.Failed[0].Image != "typo:1" {
+		t.Errorf("label %q summary %+v", v, s)
+	}
+	if !strings.Contains(s.Failed[0].Message, "not found") {
+		t.Errorf("message %q", s.Failed[0].Message)
+	}
+	e.assertOthersUntouched()
+}
+
+func TestFetchFailOnError(t *testing.T) {
+	e := newEnv(t)
+	ref := "docker.io/library/typo:1"
+	e.cri.SetBehavior(ref, func(context.Context, int, *runtimeapi.PullImageRequest) error { return fakecri.NotFound(ref) })
+	if code := e.run(e.agentArgs("fetch", "--fail-on-error", "typo:1")...); code != ExitImagesFailed {
+		t.Fatalf("exit %d, want %d", code, ExitImagesFailed)
+	}
+	if v, _, _ := e.state(); v != "failed" {
+		t.Errorf("label %q: must be written before exiting", v)
+	}
+}
+
+func TestFetchUnauthorizedTriesEachCredentialThenAnonymous(t *testing.T) {
+	e := newEnv(t)
+	ref := "registry.example.com:5000/team/app:1"
+	e.cri.SetBehavior(ref, func(context.Context, int, *runtimeapi.PullImageRequest) error {
+		return fakecri.HTTPStatus(ref, "registry.example.com:5000", "401 Unauthorized")
+	})
+	secret := "s3cr3t-Passw0rd"
+	dir := t.TempDir()
+	auth := base64.StdEncoding.EncodeToString([]byte("robot:" + secret))
+	if err := os.WriteFile(filepath.Join(dir, ".dockerconfigjson"), []byte(`{"auths":{"registry.example.com:5000":{"auth":"`+auth+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	legacy := filepath.Join(t.TempDir(), ".dockercfg")
+	if err := os.WriteFile(legacy, []byte(`{"https://registry.example.com:5000/team":{"username":"other","password":"`+secret+`2"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code := e.run(e.agentArgs("fetch", "--log-format=json", "--docker-config="+dir, "--docker-config="+legacy, ref)...)
+	if code != 0 {
+		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+	}
+	calls := e.cri.Pulls(ref)
+	if len(calls) != 9 {
+		t.Fatalf("%d PullImage calls, want 3 attempts x (2 credentials + anonymous)", len(calls))
+	}
+	// Most specific key first, then the host key, then anonymous.
+	for i, want := range []string{"other", "robot", ""} {
+		a := calls[i].Auth
+		if want == "" {
+			if a != nil {
+				t.Errorf("call %d: want anonymous, got user %q", i, a.GetUsername())
+			}
+			continue
+		}
+		if a.GetUsername() != want || a.GetServerAddress() != "https://registry.example.com:5000" {
+			t.Errorf("call %d: user %q server %q", i, a.GetUsername(), a.GetServerAddress())
+		}
+	}
+	_, s, _ := e.state()
+	if len(s.Failed) != 1 || s.Failed[0].Reason != pull.ReasonUnauthorized {
+		t.Errorf("summary %+v", s)
+	}
+	if strings.Contains(e.logs.String(), secret) || strings.Contains(e.logs.String(), auth) {
+		t.Errorf("a secret was logged:\n%s", e.logs)
+	}
+	if !strings.Contains(e.logs.String(), "credential matches") {
+		t.Errorf("expected debug logs about matching credentials:\n%s", e.logs)
+	}
+}
+
+func TestFetchFlaky503ThenSuccess(t *testing.T) {
+	e := newEnv(t)
+	ref := "quay.io/org/flaky:1"
+	e.cri.SetBehavior(ref, func(_ context.Context, n int, _ *runtimeapi.PullImageRequest) error {
+		if n <= 5 {
+			return fakecri.HTTPStatus(ref, "quay.io", "503 Service Unavailable")
+		}
+		return nil
+	})
+	if code := e.run(e.agentArgs("fetch", "--initial-pull-attempt-delay=1s", "--max-pull-attempt-delay=4s", ref)...); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if v, _, _ := e.state(); v != "succeeded" {
+		t.Errorf("label %q", v)
+	}
+	if n := len(e.cri.Pulls(ref)); n != 6 {
+		t.Errorf("%d attempts, want 6", n)
+	}
+	// Delays double to the maximum, each within ±20% of its nominal value.
+	nominal := []float64{1, 2, 4, 4, 4}
+	if len(e.sleeps) != len(nominal) {
+		t.Fatalf("sleeps %v", e.sleeps)
+	}
+	for i, d := range e.sleeps {
+		if s := d.Seconds(); s < 0.8*nominal[i] || s > 1.2*nominal[i] {
+			t.Errorf("delay %d = %v, want %vs ±20%%", i, d, nominal[i])
+		}
+	}
+}
+
+func TestFetchStallThenRecoverWithLargerTimeout(t *testing.T) {
+	e := newEnv(t)
+	ref := "quay.io/org/slow:1"
+	e.cri.SetBehavior(ref, func(ctx context.Context, n int, _ *runtimeapi.PullImageRequest) error {
+		if n == 1 {
+			return fakecri.Stall(ctx)
+		}
+		return nil
+	})
+	args := e.agentArgs("fetch", ref)
+	args = append(args, "--initial-pull-attempt-timeout=200ms", "--max-pull-attempt-timeout=5m")
+	if code := e.run(args...); code != 0 {
+		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+	}
+	calls := e.cri.Pulls(ref)
+	if len(calls) != 2 {
+		t.Fatalf("%d attempts, want 2", len(calls))
+	}
+	if calls[0].Err == nil || calls[1].Err != nil {
+		t.Fatalf("errors %v, %v", calls[0].Err, calls[1].Err)
+	}
+	if calls[1].Timeout <= calls[0].Timeout {
+		t.Errorf("second attempt's deadline %v is not larger than the first's %v", calls[1].Timeout, calls[0].Timeout)
+	}
+	if v, _, _ := e.state(); v != "succeeded" {
+		t.Errorf("label %q", v)
+	}
+}
+
+func TestFetchInvalidReferenceIsReportedNotAttempted(t *testing.T) {
+	e := newEnv(t)
+	list := writeList(t, "Bad::Ref\ngood:1\n")
+	if code := e.run(e.agentArgs("fetch", "--image-list-file="+list)...); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if n := len(e.cri.Pulls("")); n != 1 {
+		t.Errorf("%d pulls, want 1 (only the valid image)", n)
+	}
+	v, s, _ := e.state()
+	if v != "failed" || s.Total != 2 || s.Present != 1 || len(s.Failed) != 1 || s.Failed[0].Reason != pull.ReasonInvalidReference || s.Failed[0].Image != "Bad::Ref" {
+		t.Errorf("label %q summary %+v", v, s)
+	}
+}
+
+func TestFetchRuntimeRestartMidRun(t *testing.T) {
+	e := newEnv(t)
+	ref := "quay.io/org/app:1"
+	e.cri.SetBehavior(ref, func(ctx context.Context, n int, _ *runtimeapi.PullImageRequest) error {
+		if n == 1 {
+			// The runtime goes away while this pull is in flight, and
+			// comes back.
+			go func() {
+				e.cri.Stop()
+				if err := e.cri.Start(); err != nil {
+					t.Error(err)
+				}
+			}()
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	if code := e.run(e.agentArgs("fetch", ref)...); code != 0 {
+		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+	}
+	if v, _, _ := e.state(); v != "succeeded" {
+		t.Errorf("label %q, logs:\n%s", v, e.logs)
+	}
+}
+
+func TestFetchMissingSocket(t *testing.T) {
+	e := newEnv(t)
+	args := []string{"fetch", "--cri-socket=does/not/exist.sock", "--label-node=false", "x:1"}
+	if code := e.run(args...); code != ExitError {
+		t.Fatalf("exit %d", code)
+	}
+	abs, _ := filepath.Abs("does/not/exist.sock")
+	out := e.logs.String()
+	if !strings.Contains(out, abs) || !strings.Contains(out, "criSocket") {
+		t.Errorf("message does not name the absolute path and the fix:\n%s", out)
+	}
+}
+
+func TestFetchWithoutLabeling(t *testing.T) {
+	e := newEnv(t)
+	args := []string{"fetch", "--cri-socket=" + e.cri.Socket, "--label-node=false", "x:1"}
+	if code := e.run(args...); code != 0 {
+		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
+	}
+	if len(e.kube.Actions()) != 0 {
+		t.Errorf("API calls without labeling or a pod: %v", e.kube.Actions())
+	}
+}
+
+func TestFetchRecordsEventOnOwnPod(t *testing.T) {
+	e := newEnv(t)
+	e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = "prefetch-abc", "ns1"
+	if code := e.run(e.agentArgs("fetch", "x:1")...); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	evs, err := e.kube.CoreV1().Events("ns1").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 1 || evs.Items[0].Reason != "Prefetched" || evs.Items[0].InvolvedObject.Name != "prefetch-abc" || !strings.Contains(evs.Items[0].Message, "1/1 images present") {
+		t.Errorf("events %+v", evs.Items)
+	}
+}
+
+func TestFetchUsageErrors(t *testing.T) {
+	e := newEnv(t)
+	for _, args := range [][]string{
+		{"fetch", "--pull-policy=Sometimes", "--label-node=false"},
+		{"fetch", "--no-such-flag"},
+		{"fetch", "--cri-socket=" + e.cri.Socket}, // labeling without node and instance
+		{"fetch", "--log-format=xml", "--label-node=false"},
+	} {
+		if code := e.run(args...); code != ExitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, ExitUsage)
+		}
+	}
+}

@@ -1,0 +1,191 @@
+// Package cli holds the image-prefetcher commands.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	"github.com/image-prefetcher/image-prefetcher/fn/version"
+)
+
+// Exit codes.
+const (
+	ExitOK = 0
+	// ExitError: the run could not finish (CRI unreachable, labeling failed,
+	// bad configuration), or `status` found a node that is not succeeded.
+	ExitError = 1
+	// ExitUsage: unknown flag or bad flag value.
+	ExitUsage = 2
+	// ExitImagesFailed: fetch --fail-on-error and at least one image failed.
+	ExitImagesFailed = 3
+)
+
+// ExitCodeError carries a process exit code.
+type ExitCodeError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitCodeError) Error() string { return e.Err.Error() }
+func (e *ExitCodeError) Unwrap() error { return e.Err }
+
+// Deps are the seams tests use. Zero fields get production behaviour.
+type Deps struct {
+	// Kube returns an API client for a kubeconfig path ("" means in-cluster,
+	// then the default loading rules).
+	Kube func(kubeconfig string) (kubernetes.Interface, error)
+	// Sleep waits between pull attempts.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// LabelSleep waits between labeling retries.
+	LabelSleep func(time.Duration)
+	// NewGate builds the herd-control gate (see gate.go).
+	NewGate func(ctx context.Context, cfg GateConfig) (pull.Gate, error)
+	// Ready is called by watch and sleep once their signal handler is in place.
+	Ready func()
+	// Getenv reads the environment.
+	Getenv func(string) string
+	// Stdout receives command output (status, version).
+	Stdout io.Writer
+	// Stderr receives logs.
+	Stderr io.Writer
+}
+
+func (d *Deps) defaults() {
+	if d.Kube == nil {
+		d.Kube = KubeClient
+	}
+	if d.NewGate == nil {
+		d.NewGate = NewGate
+	}
+	if d.Ready == nil {
+		d.Ready = func() {}
+	}
+	if d.Getenv == nil {
+		d.Getenv = os.Getenv
+	}
+	if d.Stdout == nil {
+		d.Stdout = os.Stdout
+	}
+	if d.Stderr == nil {
+		d.Stderr = os.Stderr
+	}
+}
+
+// KubeClient builds a client from a kubeconfig path, or from the in-cluster
+// config, or from the default loading rules ($KUBECONFIG, ~/.kube/config).
+func KubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config (not in a pod and no usable kubeconfig; pass --kubeconfig): %w", err)
+	}
+	cfg.UserAgent = "image-prefetcher/" + version.Version
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return cs, nil
+}
+
+type globalFlags struct {
+	logFormat string
+	logLevel  string
+}
+
+// New returns the root command.
+func New(deps Deps) *cobra.Command {
+	deps.defaults()
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:           "image-prefetcher",
+		Short:         "Pull a list of images on this node and label the node with the outcome",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version.Version,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(deps.Stderr, g.logFormat, g.logLevel)
+			if err != nil {
+				return &ExitCodeError{Code: ExitUsage, Err: err}
+			}
+			slog.SetDefault(log)
+			return nil
+		},
+	}
+	root.SetOut(deps.Stdout)
+	root.SetErr(deps.Stderr)
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log format: json or text")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &ExitCodeError{Code: ExitUsage, Err: err}
+	})
+	root.AddCommand(newFetch(&deps), newWatch(&deps), newSleep(&deps), newStatus(&deps), newVersion(&deps))
+	return root
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+// Execute runs the command line and returns the process exit code.
+func Execute(ctx context.Context, args []string, deps Deps) int {
+	deps.defaults()
+	cmd := New(deps)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	code := ExitError
+	var ce *ExitCodeError
+	if errors.As(err, &ce) {
+		code = ce.Code
+	}
+	if code == ExitUsage || !errors.As(err, &ce) || ce.Err != errSilent {
+		fmt.Fprintf(deps.Stderr, "image-prefetcher: %v\n", err)
+	}
+	return code
+}
+
+// errSilent marks exits whose reason was already logged.
+var errSilent = errors.New("already reported")
+
+func newVersion(deps *Deps) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(deps.Stdout, version.Version)
+			return err
+		},
+	}
+}

@@ -1,0 +1,191 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// InstanceStatus is one instance's state on one node.
+type InstanceStatus struct {
+	Instance string         `json:"instance"`
+	State    string         `json:"state"`
+	Summary  *label.Summary `json:"summary,omitempty"`
+}
+
+// NodeStatus is one node's row of `status -o json`.
+type NodeStatus struct {
+	Node      string           `json:"node"`
+	Instances []InstanceStatus `json:"instances"`
+}
+
+// stateMissing is shown when a node has no label for an instance.
+const stateMissing = "missing"
+
+func newStatus(deps *Deps) *cobra.Command {
+	var kubeconfig, selector, output, domain, cleanup string
+	var instances []string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show each node's prefetch state; exit 1 unless every selected node is succeeded",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("-o %q: want table or json", output)}
+			}
+			kube, err := deps.Kube(kubeconfig)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			nodes, err := kube.CoreV1().Nodes().List(lctx, metav1.ListOptions{LabelSelector: selector})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("list nodes: %w", err)
+			}
+			if cleanup != "" {
+				return cleanupInstance(ctx, deps, kube, nodes.Items, label.Key(domain, cleanup))
+			}
+			rows, allOK := Collect(nodes.Items, domain, instances)
+			if output == "json" {
+				enc := json.NewEncoder(deps.Stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(rows); err != nil {
+					return err
+				}
+			} else {
+				printTable(deps, rows)
+			}
+			if !allOK {
+				return &ExitCodeError{Code: ExitError, Err: errSilent}
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	fs.StringVarP(&selector, "selector", "l", "", "only nodes matching this label selector")
+	fs.StringArrayVar(&instances, "instance", nil, "only this instance (repeatable; default: every instance found)")
+	fs.StringVarP(&output, "output", "o", "table", "table or json")
+	fs.StringVar(&domain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
+	fs.StringVar(&cleanup, "cleanup", "", "remove this retired instance's label and annotation from every (selected) node")
+	return cmd
+}
+
+// Collect builds the status rows. ok is false when any node lacks
+// `succeeded` for any instance, or when no instance is found at all.
+func Collect(nodes []corev1.Node, domain string, only []string) ([]NodeStatus, bool) {
+	prefix := domain + "/"
+	names := map[string]bool{}
+	for _, i := range only {
+		names[i] = true
+	}
+	if len(only) == 0 {
+		for _, n := range nodes {
+			for k := range n.Labels {
+				if strings.HasPrefix(k, prefix) {
+					names[strings.TrimPrefix(k, prefix)] = true
+				}
+			}
+			for k := range n.Annotations {
+				if strings.HasPrefix(k, prefix) {
+					names[strings.TrimPrefix(k, prefix)] = true
+				}
+			}
+		}
+	}
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	sort.Strings(sorted)
+	ok := len(sorted) > 0 && len(nodes) > 0
+	rows := make([]NodeStatus, 0, len(nodes))
+	for _, n := range nodes {
+		row := NodeStatus{Node: n.Name, Instances: []InstanceStatus{}}
+		for _, inst := range sorted {
+			key := prefix + inst
+			st := InstanceStatus{Instance: inst, State: stateMissing}
+			if v, has := n.Labels[key]; has {
+				st.State = v
+			}
+			if a, has := n.Annotations[key]; has {
+				if s, err := label.Parse(a); err == nil {
+					st.Summary = &s
+				}
+			}
+			if st.State != v1alpha1.LabelSucceeded {
+				ok = false
+			}
+			row.Instances = append(row.Instances, st)
+		}
+		rows = append(rows, row)
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Node < rows[j].Node })
+	return rows, ok
+}
+
+func printTable(deps *Deps, rows []NodeStatus) {
+	w := tabwriter.NewWriter(deps.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tPRESENT\tFAILURES")
+	for _, r := range rows {
+		if len(r.Instances) == 0 {
+			fmt.Fprintf(w, "%s\t-\t%s\t-\t-\n", r.Node, stateMissing)
+		}
+		for _, i := range r.Instances {
+			present, failures := "-", "-"
+			if s := i.Summary; s != nil {
+				present = fmt.Sprintf("%d/%d", s.Present, s.Total)
+				var parts []string
+				for _, f := range s.Failed {
+					parts = append(parts, fmt.Sprintf("%s (%s)", f.Image, f.Reason))
+				}
+				if s.OmittedFailures > 0 {
+					parts = append(parts, fmt.Sprintf("and %d more", s.OmittedFailures))
+				}
+				if len(parts) > 0 {
+					failures = strings.Join(parts, ", ")
+				}
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, present, failures)
+		}
+	}
+	_ = w.Flush()
+}
+
+// cleanupInstance removes a retired instance's key from every node that
+// still carries it.
+func cleanupInstance(ctx context.Context, deps *Deps, kube kubernetes.Interface, nodes []corev1.Node, key string) error {
+	var errs []error
+	removed := 0
+	for _, n := range nodes {
+		_, hasLabel := n.Labels[key]
+		_, hasAnn := n.Annotations[key]
+		if !hasLabel && !hasAnn {
+			continue
+		}
+		l := &label.Labeler{Client: kube, Node: n.Name, Key: key, Sleep: deps.LabelSleep}
+		if err := l.Remove(ctx, 30*time.Second); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed++
+		fmt.Fprintf(deps.Stdout, "removed %s from node %s\n", key, n.Name)
+	}
+	fmt.Fprintf(deps.Stdout, "%d node(s) cleaned up\n", removed)
+	return errors.Join(errs...)
+}

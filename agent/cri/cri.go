@@ -1,0 +1,169 @@
+// Package cri talks to the node's container runtime over the CRI image and
+// runtime services.
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// DefaultSocket is where containerd listens on most distributions.
+const DefaultSocket = "/run/containerd/containerd.sock"
+
+// ErrSocketMissing is returned by Dial when nothing exists at the socket path.
+var ErrSocketMissing = errors.New("CRI socket not found")
+
+// Auth is one set of registry credentials for a pull.
+type Auth struct {
+	Username      string
+	Password      string
+	Auth          string
+	IdentityToken string
+	RegistryToken string
+	// ServerAddress carries a scheme (https://host): containerd drops
+	// credentials whose address it cannot parse into a host.
+	ServerAddress string
+}
+
+// LogValue keeps secrets out of logs even when an Auth is logged by mistake.
+func (a Auth) LogValue() slog.Value {
+	return slog.StringValue(a.String())
+}
+
+// String never prints secrets.
+func (a Auth) String() string {
+	return fmt.Sprintf("auth{server:%s user:%s secret:redacted}", a.ServerAddress, a.Username)
+}
+
+// GoString is used by %#v.
+func (a Auth) GoString() string { return a.String() }
+
+// ImageInfo is what the runtime says about a present image.
+type ImageInfo struct {
+	ID   string
+	Size uint64
+}
+
+// Client is a CRI client. The underlying grpc connection re-dials by itself
+// when the runtime restarts; Client only shortens the re-dial backoff so that
+// the next attempt after a restart finds the runtime again quickly.
+type Client struct {
+	Socket string
+	conn   *grpc.ClientConn
+	rt     runtimeapi.RuntimeServiceClient
+	img    runtimeapi.ImageServiceClient
+}
+
+// AbsSocket returns the absolute socket path, with any unix:// prefix removed.
+func AbsSocket(socket string) (string, error) {
+	socket = strings.TrimPrefix(socket, "unix://")
+	if socket == "" {
+		return "", fmt.Errorf("empty CRI socket path")
+	}
+	abs, err := filepath.Abs(socket)
+	if err != nil {
+		return "", fmt.Errorf("resolve CRI socket path %q: %w", socket, err)
+	}
+	return abs, nil
+}
+
+// Dial connects to the runtime. It checks that the socket exists first, so
+// that the common misconfiguration gives one clear message instead of a
+// retry loop.
+func Dial(socket string) (*Client, error) {
+	abs, err := AbsSocket(socket)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w at %s: is the container runtime running on this node, and does --cri-socket (the criSocket setting) point at its socket?", ErrSocketMissing, abs)
+		}
+		return nil, fmt.Errorf("CRI socket %s: %w", abs, err)
+	}
+	bc := backoff.DefaultConfig
+	bc.MaxDelay = 2 * time.Second
+	conn, err := grpc.NewClient("unix://"+abs,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: 5 * time.Second}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("CRI client for %s: %w", abs, err)
+	}
+	return &Client{
+		Socket: abs,
+		conn:   conn,
+		rt:     runtimeapi.NewRuntimeServiceClient(conn),
+		img:    runtimeapi.NewImageServiceClient(conn),
+	}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// after resets the re-dial backoff when the runtime looks gone, so that a
+// restarted containerd is found on the very next call.
+func (c *Client) after(err error) error {
+	if status.Code(err) == codes.Unavailable {
+		c.conn.ResetConnectBackoff()
+	}
+	return err
+}
+
+// Version returns the runtime's name and version.
+func (c *Client) Version(ctx context.Context) (name, version string, err error) {
+	resp, err := c.rt.Version(ctx, &runtimeapi.VersionRequest{Version: "v1"})
+	if err != nil {
+		return "", "", c.after(fmt.Errorf("CRI Version on %s: %w", c.Socket, err))
+	}
+	return resp.GetRuntimeName(), resp.GetRuntimeVersion(), nil
+}
+
+// ImageStatus reports whether ref is present. An absent image is not an
+// error: the runtime answers OK with no image.
+func (c *Client) ImageStatus(ctx context.Context, ref string) (*ImageInfo, error) {
+	resp, err := c.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	if err != nil {
+		return nil, c.after(fmt.Errorf("CRI ImageStatus %s: %w", ref, err))
+	}
+	if resp.GetImage() == nil {
+		return nil, nil
+	}
+	return &ImageInfo{ID: resp.GetImage().GetId(), Size: resp.GetImage().GetSize()}, nil
+}
+
+// PullImage pulls ref, with auth when it is not nil, and returns the image
+// reference the runtime reports.
+func (c *Client) PullImage(ctx context.Context, ref string, auth *Auth) (string, error) {
+	req := &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}
+	if auth != nil {
+		req.Auth = &runtimeapi.AuthConfig{
+			Username:      auth.Username,
+			Password:      auth.Password,
+			Auth:          auth.Auth,
+			IdentityToken: auth.IdentityToken,
+			RegistryToken: auth.RegistryToken,
+			ServerAddress: auth.ServerAddress,
+		}
+	}
+	resp, err := c.img.PullImage(ctx, req)
+	if err != nil {
+		// Keep the gRPC status in the chain: the classifier reads its code.
+		return "", c.after(fmt.Errorf("CRI PullImage %s: %w", ref, err))
+	}
+	return resp.GetImageRef(), nil
+}

@@ -1,0 +1,74 @@
+// Package events records the outcome of a run as an Event on the agent's
+// own Pod, where `kubectl describe pod` shows it.
+package events
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Reasons of the Events the agent records.
+const (
+	ReasonPrefetched     = "Prefetched"
+	ReasonPrefetchFailed = "PrefetchFailed"
+)
+
+// maxMessage is the API server's limit on an Event message.
+const maxMessage = 1024
+
+// Recorder records Events on one Pod. A zero Pod name or namespace turns
+// it into a no-op, so the agent runs outside a pod too.
+type Recorder struct {
+	Client    kubernetes.Interface
+	Pod       string
+	Namespace string
+	Component string
+	Host      string
+	Log       *slog.Logger
+}
+
+// Record creates one Event. Failures are logged, never returned: an Event
+// is a courtesy and must not fail a run.
+func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
+	log := r.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if r.Client == nil || r.Pod == "" || r.Namespace == "" {
+		log.Debug("not recording an Event: pod name or namespace unknown (POD_NAME/POD_NAMESPACE unset)")
+		return
+	}
+	typ, reason := corev1.EventTypeNormal, ReasonPrefetched
+	if !ok {
+		typ, reason = corev1.EventTypeWarning, ReasonPrefetchFailed
+	}
+	if len(message) > maxMessage {
+		message = message[:maxMessage-3] + "..."
+	}
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: r.Pod + ".",
+			Namespace:    r.Namespace,
+		},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: r.Pod, Namespace: r.Namespace},
+		Reason:         reason,
+		Message:        message,
+		Type:           typ,
+		FirstTimestamp: now,
+		LastTimestamp:  now,
+		Count:          1,
+		Source:         corev1.EventSource{Component: r.Component, Host: r.Host},
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := r.Client.CoreV1().Events(r.Namespace).Create(actx, ev, metav1.CreateOptions{}); err != nil {
+		log.Warn("recording Event failed", "pod", fmt.Sprintf("%s/%s", r.Namespace, r.Pod), "reason", reason, "err", err)
+	}
+}

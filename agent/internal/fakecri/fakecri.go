@@ -1,0 +1,231 @@
+// Package fakecri is an in-process CRI server on a unix socket, scripted
+// per image, for tests of the agent against real gRPC.
+package fakecri
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Behavior decides the outcome of the n-th (1-based) PullImage call for an
+// image. Returning nil makes the image present.
+type Behavior func(ctx context.Context, n int, req *runtimeapi.PullImageRequest) error
+
+// PullCall records one PullImage request.
+type PullCall struct {
+	Image string
+	Auth  *runtimeapi.AuthConfig
+	// Timeout is what was left of the caller's deadline on arrival; zero
+	// when the call had no deadline.
+	Timeout time.Duration
+	Err     error
+}
+
+// Server is the fake runtime.
+type Server struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+	runtimeapi.UnimplementedImageServiceServer
+
+	Socket string
+
+	mu        sync.Mutex
+	images    map[string]uint64
+	behaviors map[string]Behavior
+	calls     map[string]int
+	pulls     []PullCall
+	statuses  int
+	grpc      *grpc.Server
+	dir       string
+}
+
+// New returns a server with a socket path in a fresh temporary directory
+// (short, to stay within the unix socket path limit). Call Start.
+func New() (*Server, error) {
+	dir, err := os.MkdirTemp("", "fakecri")
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		Socket:    filepath.Join(dir, "cri.sock"),
+		dir:       dir,
+		images:    map[string]uint64{},
+		behaviors: map[string]Behavior{},
+		calls:     map[string]int{},
+	}, nil
+}
+
+// Start listens on Socket and serves in the background.
+func (s *Server) Start() error {
+	_ = os.Remove(s.Socket)
+	ln, err := net.Listen("unix", s.Socket)
+	if err != nil {
+		return fmt.Errorf("fake CRI listen: %w", err)
+	}
+	g := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(g, s)
+	runtimeapi.RegisterImageServiceServer(g, s)
+	s.mu.Lock()
+	s.grpc = g
+	s.mu.Unlock()
+	go func() { _ = g.Serve(ln) }()
+	return nil
+}
+
+// Stop stops serving, as a runtime restart does. Start may be called again.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	g := s.grpc
+	s.grpc = nil
+	s.mu.Unlock()
+	if g != nil {
+		g.Stop()
+	}
+}
+
+// Close stops the server and removes its directory.
+func (s *Server) Close() {
+	s.Stop()
+	_ = os.RemoveAll(s.dir)
+}
+
+// AddImage makes ref present.
+func (s *Server) AddImage(ref string, size uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.images[ref] = size
+}
+
+// DeleteImage removes ref, as image garbage collection does.
+func (s *Server) DeleteImage(ref string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.images, ref)
+}
+
+// HasImage reports whether ref is present.
+func (s *Server) HasImage(ref string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.images[ref]
+	return ok
+}
+
+// SetBehavior scripts PullImage for ref. Without one, pulls succeed.
+func (s *Server) SetBehavior(ref string, b Behavior) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.behaviors[ref] = b
+}
+
+// Pulls returns every PullImage call so far, for all images or for one.
+func (s *Server) Pulls(ref string) []PullCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []PullCall
+	for _, p := range s.pulls {
+		if ref == "" || p.Image == ref {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// StatusCalls is the number of ImageStatus calls so far.
+func (s *Server) StatusCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.statuses
+}
+
+// Version answers like a runtime would.
+func (s *Server) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{Version: "0.1.0", RuntimeName: "fakecri", RuntimeVersion: "v1.0.0", RuntimeApiVersion: "v1"}, nil
+}
+
+// ImageStatus answers OK with a nil image when ref is absent, as containerd does.
+func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.statuses++
+	ref := req.GetImage().GetImage()
+	size, ok := s.images[ref]
+	if !ok {
+		return &runtimeapi.ImageStatusResponse{}, nil
+	}
+	return &runtimeapi.ImageStatusResponse{Image: &runtimeapi.Image{Id: "sha256:" + ref, RepoTags: []string{ref}, Size: size}}, nil
+}
+
+// PullImage runs the image's behavior.
+func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	ref := req.GetImage().GetImage()
+	call := PullCall{Image: ref, Auth: req.GetAuth()}
+	if dl, ok := ctx.Deadline(); ok {
+		call.Timeout = time.Until(dl)
+	}
+	s.mu.Lock()
+	s.calls[ref]++
+	n := s.calls[ref]
+	b := s.behaviors[ref]
+	s.mu.Unlock()
+	var err error
+	if b != nil {
+		err = b(ctx, n, req)
+	}
+	call.Err = err
+	s.mu.Lock()
+	s.pulls = append(s.pulls, call)
+	if err == nil {
+		s.images[ref] = 1000
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.PullImageResponse{ImageRef: "sha256:" + ref}, nil
+}
+
+// The errors below carry containerd 1.6.20's exact codes and messages.
+
+const pullPrefix = "failed to pull and unpack image %q: "
+
+// NotFound is a missing tag, repository or digest.
+func NotFound(ref string) error {
+	return status.Errorf(codes.NotFound, pullPrefix+"failed to resolve reference %q: %s: not found", ref, ref, ref)
+}
+
+// BlobNotFound is a missing blob.
+func BlobNotFound(ref string) error {
+	return status.Errorf(codes.NotFound, pullPrefix+"failed to copy: httpReadSeeker: failed open: could not fetch content descriptor sha256:0123 (application/vnd.oci.image.layer.v1.tar+gzip, 1234 bytes) from remote: not found", ref)
+}
+
+// HTTPStatus is a registry answer such as "401 Unauthorized" or
+// "503 Service Unavailable" from host.
+func HTTPStatus(ref, host, code string) error {
+	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: pulling from host %s failed with status code [manifests v1]: %s", ref, ref, host, code)
+}
+
+// ConnectionRefused is a registry that is down.
+func ConnectionRefused(ref, host string) error {
+	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: failed to do request: Head \"https://%s/v2/x/manifests/v1\": dial tcp %s: connect: connection refused", ref, ref, host, host)
+}
+
+// InvalidReference is a malformed reference.
+func InvalidReference(ref string) error {
+	return status.Errorf(codes.Unknown, "failed to parse image reference %q: invalid reference format: repository name must be lowercase", ref)
+}
+
+// Stall blocks until the caller's deadline passes.
+func Stall(ctx context.Context) error {
+	<-ctx.Done()
+	return status.FromContextError(ctx.Err()).Err()
+}

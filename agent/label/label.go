@@ -1,0 +1,260 @@
+// Package label keeps the per-instance node label and annotation truthful.
+// It writes only its own key, with JSON merge patches, so that it can share
+// the Node object with everything else that labels nodes.
+package label
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// MaxFailures is how many failures the annotation lists; the rest are
+// counted in OmittedFailures.
+const MaxFailures = 20
+
+// maxMessage keeps one failure message from bloating the Node object.
+const maxMessage = 512
+
+// Failure is one image that is not present.
+type Failure struct {
+	Image   string `json:"image"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// Summary is the annotation value: what the last check found.
+type Summary struct {
+	Total           int       `json:"total"`
+	Present         int       `json:"present"`
+	Failed          []Failure `json:"failed"`
+	OmittedFailures int       `json:"omittedFailures,omitempty"`
+	DurationSeconds float64   `json:"durationSeconds"`
+	CompletedAt     string    `json:"completedAt"`
+}
+
+// NewSummary builds a summary, keeping the first MaxFailures failures.
+func NewSummary(total, present int, failures []Failure, d time.Duration, at time.Time) Summary {
+	s := Summary{Total: total, Present: present, Failed: []Failure{}, DurationSeconds: float64(d.Round(time.Millisecond)) / float64(time.Second), CompletedAt: at.UTC().Format(time.RFC3339)}
+	for i, f := range failures {
+		if i >= MaxFailures {
+			s.OmittedFailures = len(failures) - MaxFailures
+			break
+		}
+		if len(f.Message) > maxMessage {
+			f.Message = f.Message[:maxMessage] + "..."
+		}
+		s.Failed = append(s.Failed, f)
+	}
+	return s
+}
+
+// FailureCount is the number of failed images, listed or not.
+func (s Summary) FailureCount() int { return len(s.Failed) + s.OmittedFailures }
+
+// Value is the label value the summary stands for.
+func (s Summary) Value() string {
+	if s.FailureCount() == 0 && s.Present == s.Total {
+		return v1alpha1.LabelSucceeded
+	}
+	return v1alpha1.LabelFailed
+}
+
+// Text is a one-line human summary, used for Events and logs.
+func (s Summary) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d/%d images present in %.1fs", s.Present, s.Total, s.DurationSeconds)
+	if n := s.FailureCount(); n > 0 {
+		fmt.Fprintf(&b, "; %d failed:", n)
+		for i, f := range s.Failed {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, " %s (%s)", f.Image, f.Reason)
+		}
+		if s.OmittedFailures > 0 {
+			fmt.Fprintf(&b, " and %d more", s.OmittedFailures)
+		}
+	}
+	return b.String()
+}
+
+// Same reports whether two summaries describe the same state, ignoring
+// when and how fast they were computed.
+func (s Summary) Same(o Summary) bool {
+	if s.Total != o.Total || s.Present != o.Present || s.OmittedFailures != o.OmittedFailures || len(s.Failed) != len(o.Failed) {
+		return false
+	}
+	for i := range s.Failed {
+		if s.Failed[i].Image != o.Failed[i].Image || s.Failed[i].Reason != o.Failed[i].Reason {
+			return false
+		}
+	}
+	return true
+}
+
+// Marshal returns the compact JSON of the annotation.
+func (s Summary) Marshal() string {
+	if s.Failed == nil {
+		s.Failed = []Failure{}
+	}
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// Parse reads an annotation value.
+func Parse(v string) (Summary, error) {
+	var s Summary
+	if err := json.Unmarshal([]byte(v), &s); err != nil {
+		return Summary{}, fmt.Errorf("parse summary annotation: %w", err)
+	}
+	return s, nil
+}
+
+// Key returns the label and annotation key of an instance.
+func Key(domain, instance string) string {
+	if domain == "" {
+		domain = v1alpha1.LabelDomain
+	}
+	return domain + "/" + instance
+}
+
+// Labeler writes one instance's label and annotation on one node.
+type Labeler struct {
+	Client kubernetes.Interface
+	Node   string
+	Key    string
+	Log    *slog.Logger
+	// RetryFor bounds the retries of transient API errors (2m by default).
+	RetryFor time.Duration
+	// AttemptTimeout bounds one API call (10s by default).
+	AttemptTimeout time.Duration
+	// InitialBackoff is the first wait between retries (500ms by default).
+	InitialBackoff time.Duration
+	// Sleep waits between retries; tests replace it.
+	Sleep func(time.Duration)
+}
+
+func (l *Labeler) log() *slog.Logger {
+	if l.Log == nil {
+		return slog.Default()
+	}
+	return l.Log
+}
+
+// Apply sets the label to the summary's value and the annotation to the
+// summary, retrying transient API errors for up to RetryFor.
+func (l *Labeler) Apply(ctx context.Context, s Summary) error {
+	patch := map[string]any{"metadata": map[string]any{
+		"labels":      map[string]any{l.Key: s.Value()},
+		"annotations": map[string]any{l.Key: s.Marshal()},
+	}}
+	return l.patch(ctx, patch, l.retryFor())
+}
+
+// Remove deletes the label and annotation, retrying for up to budget.
+func (l *Labeler) Remove(ctx context.Context, budget time.Duration) error {
+	patch := map[string]any{"metadata": map[string]any{
+		"labels":      map[string]any{l.Key: nil},
+		"annotations": map[string]any{l.Key: nil},
+	}}
+	return l.patch(ctx, patch, budget)
+}
+
+// Current returns the label value and the parsed annotation on the node.
+// ok is false when the label or annotation is missing or unreadable.
+func (l *Labeler) Current(ctx context.Context) (value string, s Summary, ok bool, err error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.attemptTimeout())
+	defer cancel()
+	node, err := l.Client.CoreV1().Nodes().Get(actx, l.Node, metav1.GetOptions{})
+	if err != nil {
+		return "", Summary{}, false, fmt.Errorf("get node %s: %w", l.Node, err)
+	}
+	value, hasLabel := node.Labels[l.Key]
+	ann, hasAnn := node.Annotations[l.Key]
+	if !hasLabel || !hasAnn {
+		return value, Summary{}, false, nil
+	}
+	s, perr := Parse(ann)
+	return value, s, perr == nil, nil
+}
+
+func (l *Labeler) retryFor() time.Duration {
+	if l.RetryFor <= 0 {
+		return 2 * time.Minute
+	}
+	return l.RetryFor
+}
+
+func (l *Labeler) attemptTimeout() time.Duration {
+	if l.AttemptTimeout <= 0 {
+		return 10 * time.Second
+	}
+	return l.AttemptTimeout
+}
+
+// patch sends a merge patch. Each attempt gets a fresh context detached
+// from ctx's cancellation: labeling must still happen while the process is
+// shutting down, and an expired context would make every retry fail at once.
+func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration) error {
+	body, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	base := context.WithoutCancel(ctx)
+	deadline := time.Now().Add(budget)
+	wait := l.InitialBackoff
+	if wait <= 0 {
+		wait = 500 * time.Millisecond
+	}
+	sleep := l.Sleep
+	if sleep == nil {
+		sleep = time.Sleep
+	}
+	for attempt := 1; ; attempt++ {
+		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
+		actx, cancel := context.WithTimeout(base, timeout)
+		_, err = l.Client.CoreV1().Nodes().Patch(actx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !Retryable(err) {
+			return fmt.Errorf("patch node %s: %w", l.Node, err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("patch node %s: still failing after %d attempts: %w", l.Node, attempt, err)
+		}
+		d := min(time.Duration(float64(wait)*(0.8+0.4*rand.Float64())), left)
+		l.log().Warn("patching node failed; retrying", "node", l.Node, "attempt", attempt, "retryIn", d.Round(time.Millisecond), "err", err)
+		sleep(d)
+		wait = min(2*wait, 15*time.Second)
+	}
+}
+
+// Retryable reports whether an API error may go away by itself. Errors that
+// are the caller's fault (forbidden, invalid, node not found) are not.
+func Retryable(err error) bool {
+	switch {
+	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err), apierrors.IsInvalid(err),
+		apierrors.IsBadRequest(err), apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err),
+		apierrors.IsUnsupportedMediaType(err):
+		return false
+	case errors.Is(err, context.Canceled):
+		return false
+	}
+	return true
+}

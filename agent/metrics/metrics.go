@@ -1,0 +1,98 @@
+// Package metrics exposes the agent's Prometheus metrics and health check.
+// Nothing is served unless --metrics-addr is set.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+)
+
+// Metrics holds the agent's collectors on a private registry. It
+// implements pull.Observer.
+type Metrics struct {
+	Registry     *prometheus.Registry
+	Images       *prometheus.GaugeVec
+	PullDuration prometheus.Histogram
+	PullBytes    prometheus.Counter
+	Attempts     *prometheus.CounterVec
+	LastSuccess  prometheus.Gauge
+}
+
+// New registers the collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Images: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "image_prefetcher_images", Help: "Images of the list by state (present, failed).",
+		}, []string{"state"}),
+		PullDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "image_prefetcher_pull_duration_seconds", Help: "Duration of successful pulls, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12),
+		}),
+		PullBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "image_prefetcher_pulled_bytes_total", Help: "Size of pulled images as reported by the runtime.",
+		}),
+		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "image_prefetcher_pull_attempts_total", Help: "Pull attempts by outcome: success, transient or permanent error.",
+		}, []string{"class"}),
+		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
+		}),
+	}
+	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess)
+	return m
+}
+
+// Attempt counts one pull attempt.
+func (m *Metrics) Attempt(c pull.Class) { m.Attempts.WithLabelValues(string(c)).Inc() }
+
+// Pulled records one successful pull.
+func (m *Metrics) Pulled(_ string, d time.Duration, bytes uint64) {
+	m.PullDuration.Observe(d.Seconds())
+	m.PullBytes.Add(float64(bytes))
+}
+
+// Checked records the outcome of a full check.
+func (m *Metrics) Checked(present, failed int, at time.Time) {
+	m.Images.WithLabelValues("present").Set(float64(present))
+	m.Images.WithLabelValues("failed").Set(float64(failed))
+	if failed == 0 {
+		m.LastSuccess.Set(float64(at.Unix()))
+	}
+}
+
+// Serve serves /metrics and /healthz on addr until ctx ends. It returns
+// once the listener is bound, so a bad address fails the command at once.
+func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	return nil
+}
