@@ -1,0 +1,313 @@
+package examples_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// The pitfalls docs/integrations.md warns about, each shown with the real
+// tool, so that the documentation changes when the tools' behaviour does.
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// `kubectl kustomize` embeds kustomize without exec functions: it refuses
+// the function instead of expanding the ImagePrefetcher.
+func TestPitfallKubectlKustomize(t *testing.T) {
+	tl := findTools(t)
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Fatal("kubectl not found on PATH: install kubectl (https://kubernetes.io/docs/tasks/tools/) to run this test")
+	}
+	tmp := t.TempDir()
+	tl.copyTree(t, "kustomize", tmp)
+	out, err := tl.runErr(tmp, tl.env(), kubectl, "kustomize", "kustomize/overlays/vanilla")
+	if err == nil {
+		t.Fatalf("kubectl kustomize rendered the overlay; docs/integrations.md says it cannot run exec functions. Output:\n%s", out)
+	}
+	if !strings.Contains(err.Error(), "external plugins disabled") {
+		t.Errorf("kubectl kustomize failed differently than documented: %v", err)
+	}
+}
+
+// kpt resolves a relative exec path from the current directory; kustomize
+// resolves it from the directory of the kustomization that lists the
+// function. A bare name is looked up on PATH by both.
+func TestPitfallExecPathResolution(t *testing.T) {
+	tl := findTools(t)
+	tmp := t.TempDir()
+	// tmp/tools/image-prefetcher-fn, and packages next to it that name it
+	// relative to themselves: ../tools/image-prefetcher-fn.
+	fnCopy := filepath.Join(tmp, "tools", "image-prefetcher-fn")
+	data, err := os.ReadFile(tl.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(fnCopy), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fnCopy, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prefetcher := `apiVersion: image-prefetcher.stackrox.io/v1alpha1
+kind: ImagePrefetcher
+metadata:
+  name: paths
+  namespace: default
+spec:
+  images: [registry.k8s.io/pause:3.10]
+`
+	write(t, filepath.Join(tmp, "pkg", "imageprefetcher.yaml"), prefetcher)
+	write(t, filepath.Join(tmp, "pkg", "Kptfile"), `apiVersion: kpt.dev/v1
+kind: Kptfile
+metadata:
+  name: pkg
+pipeline:
+  mutators:
+  - exec: ../tools/image-prefetcher-fn
+`)
+	write(t, filepath.Join(tmp, "kust", "imageprefetcher.yaml"), prefetcher)
+	write(t, filepath.Join(tmp, "kust", "function.yaml"), `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: fn
+  annotations:
+    config.kubernetes.io/function: |
+      exec:
+        path: ../tools/image-prefetcher-fn
+`)
+	write(t, filepath.Join(tmp, "kust", "kustomization.yaml"), "resources: [imageprefetcher.yaml]\ntransformers: [function.yaml]\n")
+
+	// An environment without ./bin on PATH: only the relative path can work.
+	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + tmp}
+	for _, tc := range []struct {
+		name    string
+		dir     string
+		argv    []string
+		success bool
+	}{
+		{"kpt from inside the package", filepath.Join(tmp, "pkg"), []string{tl.kpt, "fn", "render", "--allow-exec", ".", "-o", "unwrap"}, true},
+		{"kpt from the parent directory", tmp, []string{tl.kpt, "fn", "render", "--allow-exec", "pkg", "-o", "unwrap"}, false},
+		{"kustomize from inside the kustomization", filepath.Join(tmp, "kust"), []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "."}, true},
+		{"kustomize from the parent directory", tmp, []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "kust"}, true},
+		{"kustomize from the root", "/", []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", filepath.Join(tmp, "kust")}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := tl.runErr(tc.dir, env, tc.argv...)
+			switch {
+			case tc.success && err != nil:
+				t.Fatalf("want success: %v", err)
+			case !tc.success && err == nil:
+				t.Fatalf("want failure (relative path resolved from the current directory), got:\n%s", out)
+			case tc.success && !strings.Contains(string(out), "kind: DaemonSet"):
+				t.Errorf("no DaemonSet rendered:\n%s", out)
+			}
+		})
+	}
+}
+
+// Builtin transformers of a kustomization (namespace, namePrefix, patches,
+// images) run before its `transformers:`. namespace and namePrefix must
+// therefore sit next to the function, where they reach everything it
+// derives; `images:` must sit above it, where the DaemonSet exists.
+func TestPitfallBuiltinsRunBeforeTheFunction(t *testing.T) {
+	tl := findTools(t)
+	tmp := t.TempDir()
+	tl.copyTree(t, "kustomize", tmp)
+	const mirror = "registry.example.com/mirror/image-prefetcher"
+	imagesField := fmt.Sprintf("images:\n- name: ghcr.io/image-prefetcher/image-prefetcher\n  newName: %s\n", mirror)
+
+	// Same kustomization as the function: namespace and namePrefix reach
+	// every derived name; images: finds no DaemonSet yet.
+	write(t, filepath.Join(tmp, "same", "kustomization.yaml"), "resources: [../kustomize/base]\nnamespace: team-a\nnamePrefix: a-\n"+imagesField+"transformers: [../kustomize/base/function]\n")
+	same := decodeObjects(t, tl.run(t, tmp, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "same"))
+	ds := only(t, same, "DaemonSet")
+	if ds.GetNamespace() != "team-a" || ds.GetName() != "image-prefetcher-a-prefetch" {
+		t.Errorf("DaemonSet %s/%s, want team-a/image-prefetcher-a-prefetch (instance a-prefetch)", ds.GetNamespace(), ds.GetName())
+	}
+	if got := agentImages(t, ds); strings.Contains(got, mirror) {
+		t.Errorf("images: in the function's kustomization changed the agent image to %s; docs say it cannot", got)
+	}
+	wantUser := "system:serviceaccount:team-a:image-prefetcher-a-prefetch"
+	if expr := vapMatch(t, same); !strings.Contains(expr, wantUser) {
+		t.Errorf("admission policy matches %q, want the user %s", expr, wantUser)
+	}
+
+	// One level above: images: now finds the DaemonSet.
+	write(t, filepath.Join(tmp, "above", "kustomization.yaml"), "resources: [../kustomize/overlays/vanilla]\n"+imagesField)
+	above := decodeObjects(t, tl.run(t, tmp, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "above"))
+	if got := agentImages(t, only(t, above, "DaemonSet")); !strings.Contains(got, mirror+":") {
+		t.Errorf("images: above the function left the agent image at %s", got)
+	}
+}
+
+// A namePrefix (or namespace) applied ABOVE the kustomization that ran the
+// function renames objects after the function derived references from
+// their names. kustomize follows the references it knows (RoleBinding
+// subjects and roleRefs, the policy binding, the ConfigMap volume), but it
+// treats SecurityContextConstraints, a kind it has no schema for, as
+// namespaced, so the SCC nameReference in kustomize/base cannot match a
+// Role in another namespace; and it cannot see into the admission policy's
+// CEL expression. This test pins that down, so that docs/integrations.md
+// can say plainly: put namePrefix and namespace next to the function.
+func TestPitfallNamePrefixAboveTheFunction(t *testing.T) {
+	tl := findTools(t)
+	tmp := t.TempDir()
+	tl.copyTree(t, "kustomize", tmp)
+	write(t, filepath.Join(tmp, "above", "kustomization.yaml"), "resources: [../kustomize/overlays/ocp]\nnamePrefix: x-\n")
+	objs := decodeObjects(t, tl.run(t, tmp, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "above"))
+
+	scc := only(t, objs, "SecurityContextConstraints")
+	if scc.GetName() != "x-image-prefetcher.image-prefetcher.prefetch" {
+		t.Fatalf("SCC name %q: namePrefix did not rename it", scc.GetName())
+	}
+	ds := only(t, objs, "DaemonSet")
+	required, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "metadata", "annotations", "openshift.io/required-scc")
+	if required != "image-prefetcher.image-prefetcher.prefetch" {
+		t.Errorf("openshift.io/required-scc is %q, want the name the function rendered", required)
+	}
+	if required == scc.GetName() {
+		t.Errorf("kustomize now follows the SCC rename into openshift.io/required-scc; update docs/integrations.md (namePrefix above the function)")
+	}
+	sa := only(t, objs, "ServiceAccount")
+	if sa.GetName() != "x-image-prefetcher-prefetch" {
+		t.Fatalf("ServiceAccount %q was not renamed", sa.GetName())
+	}
+	if expr := vapMatch(t, objs); strings.Contains(expr, sa.GetName()) {
+		t.Errorf("the admission policy follows the ServiceAccount rename; update docs/integrations.md")
+	}
+	// What kustomize does follow.
+	for _, o := range objs {
+		if o.GetKind() == "RoleBinding" || o.GetKind() == "ClusterRoleBinding" {
+			subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+			for _, s := range subjects {
+				if name := s.(map[string]any)["name"]; name != sa.GetName() {
+					t.Errorf("%s %s binds %v, not the renamed ServiceAccount", o.GetKind(), o.GetName(), name)
+				}
+			}
+		}
+	}
+}
+
+func only(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want exactly one %s, got %d", kind, len(found))
+	}
+	return found[0]
+}
+
+func agentImages(t *testing.T, ds *unstructured.Unstructured) string {
+	t.Helper()
+	var images []string
+	for _, field := range []string{"initContainers", "containers"} {
+		cs, _, err := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", field)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cs {
+			images = append(images, fmt.Sprint(c.(map[string]any)["image"]))
+		}
+	}
+	return strings.Join(images, ",")
+}
+
+func vapMatch(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	vap := only(t, objs, "ValidatingAdmissionPolicy")
+	conds, _, err := unstructured.NestedSlice(vap.Object, "spec", "matchConditions")
+	if err != nil || len(conds) == 0 {
+		t.Fatalf("admission policy without matchConditions: %v", err)
+	}
+	var exprs []string
+	for _, c := range conds {
+		exprs = append(exprs, fmt.Sprint(c.(map[string]any)["expression"]))
+	}
+	return strings.Join(exprs, " && ")
+}
+
+// The SCC nameReference in kustomize/base/scc-namereference.yaml takes
+// effect once kustomize knows that SecurityContextConstraints are
+// cluster-scoped, which it learns from a cluster OpenAPI document given with
+// `openapi: path:`. Here the document comes from the test apiserver, plus
+// the SCC path an OpenShift apiserver would list.
+func testSCCNameReferenceWithClusterSchema(t *testing.T, tl tools, api *apiServer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs, err := api.c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/openapi/v2").DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("fetch /openapi/v2: %v", err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["paths"].(map[string]any)["/apis/security.openshift.io/v1/securitycontextconstraints/{name}"] = map[string]any{
+		"get": map[string]any{"x-kubernetes-group-version-kind": map[string]any{"group": sccGroup, "version": "v1", "kind": "SecurityContextConstraints"}},
+	}
+	schema, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	tl.copyTree(t, "kustomize", tmp)
+	write(t, filepath.Join(tmp, "above", "openapi.json"), string(schema))
+	// A strategic-merge patch on the rendered DaemonSet checks that the
+	// document still carries the built-in types' merge keys.
+	write(t, filepath.Join(tmp, "above", "kustomization.yaml"), `resources: [../kustomize/overlays/ocp]
+namePrefix: x-
+openapi:
+  path: openapi.json
+patches:
+- patch: |
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata:
+      name: image-prefetcher-prefetch
+      namespace: image-prefetcher
+    spec:
+      template:
+        spec:
+          containers:
+          - name: watch
+            env:
+            - name: GODEBUG
+              value: madvdontneed=1
+`)
+	out := tl.run(t, tmp, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "above")
+	checkOpenShiftWiring(t, out)
+	objs := decodeObjects(t, out)
+	if scc := only(t, objs, "SecurityContextConstraints"); scc.GetName() != "x-image-prefetcher.image-prefetcher.prefetch" {
+		t.Errorf("SCC %q was not renamed", scc.GetName())
+	}
+	env, _, _ := unstructured.NestedSlice(only(t, objs, "DaemonSet").Object, "spec", "template", "spec", "containers")
+	if got := fmt.Sprint(env); !strings.Contains(got, "GODEBUG") || !strings.Contains(got, "NODE_NAME") {
+		t.Errorf("the patch replaced the container's env instead of merging it: %s", got)
+	}
+}
