@@ -22,10 +22,15 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/registry"
 )
 
 // KubeVersion is the Kubernetes version the harness runs (see `make kube`).
@@ -86,14 +91,15 @@ type Cluster struct {
 	// namespace) or with RESTConfig's dialer.
 	Kubeconfig string
 
-	pki     *pki
-	tokens  map[string]string
-	mu      sync.Mutex
-	procs   map[string]*proc
-	nodes   []*Node
-	regStop func()
-	sysctls *sysctlSaver
-	started time.Time
+	pki      *pki
+	tokens   map[string]string
+	mu       sync.Mutex
+	procs    map[string]*proc
+	nodes    []*Node
+	registry *registry.Registry
+	regStop  func()
+	sysctls  *sysctlSaver
+	started  time.Time
 }
 
 // Start brings up a cluster and returns when it is ready: the apiserver
@@ -464,4 +470,69 @@ func (c *Cluster) Command(ctx context.Context, name string, args ...string) *exe
 // `cluster exec`.
 func (c *Cluster) Env() []string {
 	return []string{"KUBECONFIG=" + c.Kubeconfig, "IMAGE_PREFETCHER_E2E_NETNS=" + c.NetNS.Path}
+}
+
+// CreateNamespace creates a namespace and waits for its default
+// ServiceAccount, without which pods are refused. It returns the name.
+func (c *Cluster) CreateNamespace(ctx context.Context, name string) (string, error) {
+	cs, err := c.Clientset()
+	if err != nil {
+		return "", err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("create namespace %s: %w", name, err)
+	}
+	if c.proc("kube-controller-manager") == nil {
+		return name, nil // nothing creates service accounts without it
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return name, waitFor(wctx, "default ServiceAccount in "+name, nil, func(ctx context.Context) bool {
+		_, err := cs.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil
+	})
+}
+
+// WaitPodsRunning waits until exactly want pods match selector in
+// namespace and all of them are Running and Ready, and returns them.
+func (c *Cluster) WaitPodsRunning(ctx context.Context, namespace, selector string, want int) ([]corev1.Pod, error) {
+	cs, err := c.Clientset()
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var pods []corev1.Pod
+	last := ""
+	err = waitFor(wctx, fmt.Sprintf("%d running pods %q in %s", want, selector, namespace), nil, func(ctx context.Context) bool {
+		list, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false
+		}
+		ready := 0
+		var states []string
+		for _, p := range list.Items {
+			ok := p.Status.Phase == corev1.PodRunning
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodReady && cond.Status != corev1.ConditionTrue {
+					ok = false
+				}
+			}
+			if ok {
+				ready++
+			}
+			states = append(states, p.Name+"="+string(p.Status.Phase))
+		}
+		if s := strings.Join(states, " "); s != last {
+			last = s
+			c.progress("pods %q in %s: %s", selector, namespace, s)
+		}
+		pods = list.Items
+		return ready == want && len(list.Items) == want
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w; pods: %s", err, last)
+	}
+	return pods, nil
 }

@@ -56,6 +56,13 @@ func (c *Cluster) Stop(ctx context.Context) error {
 			p.stop(2 * time.Second)
 		}
 	}
+	if keep := os.Getenv("IMAGE_PREFETCHER_E2E_LOGS"); keep != "" {
+		if err := copyDir(c.path("logs"), filepath.Join(keep, c.ID)); err != nil {
+			errs = append(errs, err)
+		} else {
+			c.progress("logs kept in %s", filepath.Join(keep, c.ID))
+		}
+	}
 	if err := destroy(c.snapshot()); err != nil {
 		errs = append(errs, err)
 	}
@@ -393,4 +400,28 @@ func otherLiveRuns(selfDir string) bool {
 		}
 	}
 	return false
+}
+
+// copyDir copies the regular files of src into dst, for keeping logs.
+func copyDir(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("keep logs: %w", err)
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return fmt.Errorf("keep logs: %w", err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			return fmt.Errorf("keep logs: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), data, 0o644); err != nil {
+			return fmt.Errorf("keep logs: %w", err)
+		}
+	}
+	return nil
 }

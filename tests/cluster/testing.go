@@ -22,7 +22,7 @@ func StartForTest(t testing.TB, opts Options) *Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			c.dumpLogs(t)
+			c.DumpLogs(t)
 		}
 		if err := c.Stop(context.Background()); err != nil {
 			t.Errorf("stop cluster: %v", err)
@@ -34,7 +34,8 @@ func StartForTest(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
-func (c *Cluster) dumpLogs(t testing.TB) {
+// DumpLogs writes the end of every component log to the test log.
+func (c *Cluster) DumpLogs(t testing.TB) {
 	logs, _ := filepath.Glob(c.path("logs", "*.log"))
 	for _, l := range logs {
 		if fi, err := os.Stat(l); err == nil && fi.Size() > 0 {

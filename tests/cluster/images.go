@@ -1,0 +1,92 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
+	"github.com/image-prefetcher/image-prefetcher/tests/registry"
+)
+
+// Registry returns the run's registry, to switch faults on and read
+// counters. Nil in control-plane-only mode.
+func (c *Cluster) Registry() *registry.Registry { return c.registry }
+
+// startRegistry serves the registry inside the namespace on RegistryAddr
+// and on port 80, where every name in MirroredHosts points on the nodes, so
+// that containerd talks to it as if it were ghcr.io itself (credentials
+// from pull secrets keyed by the real host name then apply unchanged).
+func (c *Cluster) startRegistry() error {
+	c.registry = registry.New()
+	var stops []func()
+	for _, addr := range []string{RegistryAddr, "127.0.0.1:80"} {
+		l, err := c.NetNS.Listen("tcp", addr)
+		if err != nil {
+			for _, s := range stops {
+				s()
+			}
+			return fmt.Errorf("registry listen on %s in the namespace: %w", addr, err)
+		}
+		stops = append(stops, c.registry.Serve(l))
+	}
+	c.regStop = func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+	c.progress("registry listening on %s (and :80 for %s)", RegistryAddr, strings.Join(MirroredHosts, ", "))
+	return nil
+}
+
+// RegistryTransport is an HTTP transport whose connections are made inside
+// the namespace, for clients of the registry in the test process.
+func (c *Cluster) RegistryTransport() http.RoundTripper {
+	return &http.Transport{DialContext: c.NetNS.DialContext, MaxIdleConnsPerHost: 8, IdleConnTimeout: 30 * time.Second}
+}
+
+// Push uploads img to the run's registry as repoTag ("team/app:v1"). Pods
+// then pull it as "ghcr.io/team/app:v1" (or any MirroredHosts name). opts
+// can carry credentials for a repository protected with RequireAuth.
+func (c *Cluster) Push(ctx context.Context, img v1.Image, repoTag string, opts ...remote.Option) error {
+	if c.registry == nil {
+		return errors.New("no registry in control-plane-only mode")
+	}
+	opts = append([]remote.Option{remote.WithTransport(c.RegistryTransport())}, opts...)
+	return ociimage.Push(ctx, img, RegistryAddr+"/"+strings.TrimPrefix(repoTag, "/"), opts...)
+}
+
+// PushLayout uploads the image of an OCI layout directory (as written by
+// `make oci`) as repoTag.
+func (c *Cluster) PushLayout(ctx context.Context, dir, repoTag string, opts ...remote.Option) error {
+	img, err := ociimage.ReadLayout(dir)
+	if err != nil {
+		return err
+	}
+	return c.Push(ctx, img, repoTag, opts...)
+}
+
+// pushPause builds the sandbox image and pushes it where PauseImage points.
+func (c *Cluster) pushPause(ctx context.Context) error {
+	bin, err := PauseBinary(ctx)
+	if err != nil {
+		return err
+	}
+	spec := ociimage.Binary(bin, "65535:65535")
+	img, err := ociimage.Build(spec)
+	if err != nil {
+		return err
+	}
+	repoTag := strings.TrimPrefix(PauseImage, "registry.k8s.io/")
+	if err := c.Push(ctx, img, repoTag); err != nil {
+		return fmt.Errorf("push pause image: %w", err)
+	}
+	c.progress("pause image pushed as %s", PauseImage)
+	return nil
+}

@@ -1,0 +1,207 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
+	"github.com/image-prefetcher/image-prefetcher/tests/registry"
+)
+
+// TestSmoke brings up two nodes, runs a DaemonSet of an image built here
+// on both, checks it through the API and each node's CRI, then checks that
+// teardown leaves nothing behind.
+func TestSmoke(t *testing.T) {
+	before, err := cluster.Sysctls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: 2})
+	if err != nil {
+		t.Fatalf("start cluster: %v", err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			if t.Failed() {
+				c.DumpLogs(t)
+			}
+			_ = c.Stop(context.Background())
+		}
+	}()
+
+	bin, err := cluster.PauseBinary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := ociimage.Build(ociimage.Binary(bin, "65532:65532"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Push(ctx, img, "e2e/smoke:v1"); err != nil {
+		t.Fatal(err)
+	}
+	const image = "ghcr.io/e2e/smoke:v1"
+
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := c.CreateNamespace(ctx, "smoke")
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "smoke"}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: ns},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{
+						Name:  "main",
+						Image: image,
+						// The node's own containerd socket directory, by the
+						// path rendered manifests use.
+						VolumeMounts: []corev1.VolumeMount{{Name: "cri", MountPath: "/run/containerd", ReadOnly: true}},
+					}},
+					Volumes: []corev1.Volume{{Name: "cri", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+						Path: "/run/containerd", Type: ptr(corev1.HostPathDirectory),
+					}}}},
+					TerminationGracePeriodSeconds: ptr(int64(1)),
+				},
+			},
+		},
+	}
+	if _, err := cs.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create DaemonSet: %v", err)
+	}
+	pods, err := c.WaitPodsRunning(ctx, ns, "app=smoke", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var podNodes []string
+	for _, p := range pods {
+		podNodes = append(podNodes, p.Spec.NodeName)
+	}
+	sort.Strings(podNodes)
+	if fmt.Sprint(podNodes) != "[node-1 node-2]" {
+		t.Fatalf("pods run on %v, want one on each node", podNodes)
+	}
+
+	// Through the API: nodes carry their own labels.
+	for _, n := range c.Nodes() {
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range n.Labels {
+			if node.Labels[k] != v {
+				t.Errorf("node %s label %s = %q, want %q", n.Name, k, node.Labels[k], v)
+			}
+		}
+	}
+	if a, b := c.Nodes()[0].Labels["e2e.image-prefetcher.io/pool"], c.Nodes()[1].Labels["e2e.image-prefetcher.io/pool"]; a == b {
+		t.Errorf("both nodes have pool label %q", a)
+	}
+
+	// Through each node's CRI: the image is present, the container runs.
+	for _, n := range c.Nodes() {
+		cri, err := n.CRI()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: image}})
+		if err != nil || st.Image == nil {
+			t.Errorf("%s: image %s not present (err %v)", n.Name, image, err)
+		}
+		list, err := cri.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+			State:         &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+			LabelSelector: map[string]string{"io.kubernetes.pod.namespace": ns},
+		}})
+		if err != nil {
+			t.Fatalf("%s: list containers: %v", n.Name, err)
+		}
+		if len(list.Containers) != 1 || list.Containers[0].Metadata.Name != "main" {
+			t.Errorf("%s: running containers in %s = %v, want one named main", n.Name, ns, list.Containers)
+		}
+		cri.Close()
+		// The socket the pod mounted is this node's containerd.
+		if _, err := os.Stat(n.CRISocket); err != nil {
+			t.Errorf("%s: CRI socket: %v", n.Name, err)
+		}
+	}
+	// The pulls went to the run's registry, under their ghcr.io name.
+	if reqs := c.Registry().Requests(registry.Match{Repo: "e2e/smoke", Kind: registry.Manifests}); len(reqs) < 2 {
+		t.Errorf("registry saw %d manifest requests for e2e/smoke, want one per node at least", len(reqs))
+	}
+
+	// Restarting a node's containerd keeps the pod running.
+	n1 := c.Nodes()[0]
+	if err := n1.RestartContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitPodsRunning(ctx, ns, "app=smoke", 2); err != nil {
+		t.Fatal(err)
+	}
+
+	// kubectl-style commands run inside the namespace and inside a node.
+	if out, err := c.Command(ctx, "sh", "-c", "test -s $KUBECONFIG && ip -4 -o addr show veth0").CombinedOutput(); err != nil || !strings.Contains(string(out), "10.200.0.11") {
+		t.Errorf("command in namespace: %v: %s", err, out)
+	}
+	if out, err := n1.Command(ctx, "sh", "-c", "test -S "+cluster.NodeSocketPath+" && grep -c ghcr.io /etc/hosts").CombinedOutput(); err != nil {
+		t.Errorf("command in node: %v: %s", err, out)
+	}
+
+	dir := c.Dir
+	stopped = true
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if left := c.Leftovers(); len(left) > 0 {
+		t.Fatalf("teardown left behind:\n  %s", strings.Join(left, "\n  "))
+	}
+	after, err := cluster.Sysctls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Errorf("sysctls before %v, after %v", before, after)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "netns")); !os.IsNotExist(err) {
+		t.Errorf("network namespace file still there: %v", err)
+	}
+	for _, p := range []string{"/var/log/containers", "/var/log/pods", "/var/lib/cni", "/var/lib/kubelet", "/etc/cni", "/opt/containerd", "/run/containerd"} {
+		if _, err := os.Stat(p); err == nil && !existedBefore[p] {
+			t.Errorf("%s exists after the run", p)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// existedBefore records host paths a cluster could create, before any test.
+var existedBefore = func() map[string]bool {
+	m := map[string]bool{}
+	for _, p := range []string{"/var/log/containers", "/var/log/pods", "/var/lib/cni", "/var/lib/kubelet", "/etc/cni", "/opt/containerd", "/run/containerd"} {
+		if _, err := os.Stat(p); err == nil {
+			m[p] = true
+		}
+	}
+	return m
+}()
