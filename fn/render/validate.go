@@ -231,7 +231,11 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 		case err != nil:
 			p = append(p, errorf(field, "%q is not a duration: use a Go duration such as 90s, 5m or 1h30m", val))
 		case d < 0 || (d == 0 && !zeroOK):
-			p = append(p, errorf(field, "must be greater than zero, got %q", val))
+			if zeroOK {
+				p = append(p, errorf(field, "must not be negative, got %q", val))
+			} else {
+				p = append(p, errorf(field, "must be greater than zero, got %q", val))
+			}
 		}
 		*out = d
 	}
