@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 )
 
 // GateConfig is what a herd-control gate needs to know.
@@ -21,12 +24,37 @@ type GateConfig struct {
 	MaxConcurrentNodes int
 	// SeedNodes is --seed-nodes.
 	SeedNodes int
-	Log       *slog.Logger
+	// SeedKey names what is seeded, for example a digest of the image
+	// list, so that a new list is seeded again. Empty: any finished seed
+	// counts.
+	SeedKey string
+	Log     *slog.Logger
 }
 
-// NewGate is the herd-control seam: --max-concurrent-nodes and --seed-nodes
-// are accepted and passed here. Until Lease slots are wired in, every node
-// may pull at once.
-func NewGate(_ context.Context, _ GateConfig) (pull.Gate, error) {
-	return pull.NoGate{}, nil
+// NewGate is the herd-control seam: with --max-concurrent-nodes=K > 0 a
+// node pulls only while it holds one of K Lease slots (see agent/slots).
+func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
+	if cfg.MaxConcurrentNodes == 0 {
+		if cfg.SeedNodes > 0 {
+			return nil, errors.New("--seed-nodes needs --max-concurrent-nodes")
+		}
+		return pull.NoGate{}, nil
+	}
+	if cfg.Kube == nil {
+		return nil, errors.New("--max-concurrent-nodes needs a Kubernetes API client")
+	}
+	g, err := slots.New(slots.Config{
+		Leases:    cfg.Kube.CoordinationV1(),
+		Namespace: cfg.Namespace,
+		Instance:  cfg.Instance,
+		Slots:     cfg.MaxConcurrentNodes,
+		SeedNodes: cfg.SeedNodes,
+		SeedKey:   cfg.SeedKey,
+		Identity:  cmp.Or(cfg.Pod, cfg.Node),
+		Logger:    cfg.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
 }
