@@ -182,8 +182,8 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 		for _, o := range e.objs {
 			oid := idOf(o)
 			if prev, dup := rendered[oid]; dup {
-				results = append(results, conflict(e.source, fmt.Sprintf("renders %s, which %s also renders", oid, idOf(prev.source))))
-				continue
+				results = append(results, conflict(e.source, fmt.Sprintf("renders %s, which %s also renders: each instance needs its own name or namespace", oid, idOf(prev.source))))
+				break // one finding per pair of instances is enough
 			}
 			rendered[oid] = e
 		}

@@ -71,11 +71,18 @@ func Decode(node *yaml.RNode) (*v1alpha1.ImagePrefetcher, Problems) {
 	if err := json.Unmarshal(raw, &ip); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return nil, Problems{errorf(te.Field, "must be %s, got a %s", typeName(te.Type), te.Value)}
+			return nil, Problems{errorf(te.Field, "must be %s, got %s", typeName(te.Type), article(te.Value))}
 		}
 		return nil, Problems{errorf("", "cannot decode: %v", err)}
 	}
 	return &ip, nil
+}
+
+func article(s string) string {
+	if s != "" && strings.ContainsRune("aeiou", rune(s[0])) {
+		return "an " + s
+	}
+	return "a " + s
 }
 
 func typeName(t reflect.Type) string {

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kptdev/krm-functions-sdk/go/fn"
+	appsv1 "k8s.io/api/apps/v1"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files from the current output")
@@ -111,4 +114,224 @@ func withoutResults(t *testing.T, out []byte) []byte {
 		return out[:i+1]
 	}
 	return out
+}
+
+const baseMeta = `apiVersion: image-prefetcher.stackrox.io/v1alpha1
+kind: ImagePrefetcher
+metadata:
+  name: demo
+  namespace: prefetch
+`
+
+// errorCases holds one case per validation rule. Each is an ImagePrefetcher
+// (the functionConfig unless asItem) and optional other items.
+var errorCases = []struct {
+	name   string
+	ip     string
+	items  string
+	asItem bool
+}{
+	{name: "unknown-field", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    paralelism: 2\n"},
+	{name: "wrong-type", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: four\n"},
+	{name: "unsupported-api-version", ip: "apiVersion: image-prefetcher.stackrox.io/v9\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: prefetch\nspec:\n  images: [debian]\n", asItem: true},
+	{name: "name-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
+	{name: "name-invalid", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: My_Prefetcher\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
+	{name: "name-too-long", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: " + strings.Repeat("a", 64) + "\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
+	{name: "namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n"},
+	{name: "namespace-invalid", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: Pre.Fetch\nspec:\n  images: [debian]\n"},
+	{name: "image-invalid", ip: baseMeta + "spec:\n  images:\n  - debian\n  - Debian:12\n"},
+	{name: "image-empty-entry", ip: baseMeta + "spec:\n  images:\n  - debian\n  - \"  \"\n"},
+	{name: "list-empty", ip: baseMeta + "spec:\n  images: []\n"},
+	{name: "image-list-from-without-ref", ip: baseMeta + "spec:\n  imageListFrom: {}\n"},
+	{name: "configmap-ref-name-missing", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {key: images.txt}\n"},
+	{name: "configmap-ref-key-missing", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images}\n"},
+	{name: "configmap-not-found", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: images.txt}\n", asItem: true},
+	{name: "configmap-key-not-found", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: list}\n", asItem: true,
+		items: "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: images\n    namespace: prefetch\n  data:\n    images.txt: debian\n"},
+	{name: "configmap-invalid-line", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: images.txt}\n", asItem: true,
+		items: "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: images\n    namespace: prefetch\n  data:\n    images.txt: |\n      debian\n      # ok\n      Debian:12\n"},
+	{name: "flavor-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  flavor: gke\n"},
+	{name: "runtime-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  runtime: docker\n"},
+	{name: "cri-socket-relative", ip: baseMeta + "spec:\n  images: [debian]\n  criSocket: run/containerd/containerd.sock\n"},
+	{name: "cri-socket-unclean", ip: baseMeta + "spec:\n  images: [debian]\n  criSocket: /run/../etc/containerd.sock\n"},
+	{name: "cri-socket-under-root", ip: baseMeta + "spec:\n  images: [debian]\n  criSocket: /containerd.sock\n"},
+	{name: "agent-image-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    image: \"ghcr.io/x/y:bad tag\"\n"},
+	{name: "agent-resources-request-above-limit", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      requests: {memory: 1Gi}\n      limits: {memory: 128Mi}\n"},
+	{name: "pull-secret-invalid-name", ip: baseMeta + "spec:\n  images: [debian]\n  imagePullSecrets: [Bad_Name]\n"},
+	{name: "pull-secret-duplicate", ip: baseMeta + "spec:\n  images: [debian]\n  imagePullSecrets: [creds, creds]\n"},
+	{name: "credential-provider-missing-field", ip: baseMeta + "spec:\n  images: [debian]\n  credentialProvider:\n    configPath: /etc/kubernetes/cp.yaml\n"},
+	{name: "credential-provider-relative-path", ip: baseMeta + "spec:\n  images: [debian]\n  credentialProvider:\n    configPath: cp.yaml\n    binDir: /usr/libexec/cp\n"},
+	{name: "node-selector-invalid-key", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    \"bad key\": x\n"},
+	{name: "node-selector-invalid-value", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    disk: \"not valid!\"\n"},
+	{name: "toleration-operator-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  tolerations:\n  - key: a\n    operator: In\n"},
+	{name: "toleration-exists-with-value", ip: baseMeta + "spec:\n  images: [debian]\n  tolerations:\n  - key: a\n    operator: Exists\n    value: b\n"},
+	{name: "toleration-effect-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  tolerations:\n  - operator: Exists\n    effect: NoRun\n"},
+	{name: "priority-class-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  priorityClassName: Critical!\n"},
+	{name: "parallelism-out-of-range", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: 0\n"},
+	{name: "duration-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    overallTimeout: 20 minutes\n"},
+	{name: "duration-not-positive", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxRetryDelay: 0s\n"},
+	{name: "refresh-interval-negative", ip: baseMeta + "spec:\n  images: [debian]\n  refreshInterval: -1m\n"},
+	{name: "initial-attempt-above-max", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialAttemptTimeout: 10m\n    maxAttemptTimeout: 5m\n"},
+	{name: "initial-retry-above-max", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialRetryDelay: 5m\n"},
+	{name: "pull-policy-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    policy: Never\n"},
+	{name: "max-concurrent-nodes-out-of-range", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: -1\n"},
+	{name: "max-unavailable-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: 0%\n"},
+	{name: "conflicting-object", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
+		items: "- apiVersion: v1\n  kind: ServiceAccount\n  metadata:\n    name: image-prefetcher-demo\n    namespace: prefetch\n"},
+	{name: "duplicate-instance", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
+		items: "- " + strings.ReplaceAll(strings.TrimSpace(baseMeta+"spec:\n  images: [busybox]"), "\n", "\n  ") + "\n"},
+}
+
+func indent(s, pad string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = pad + l
+		}
+	}
+	return strings.Join(lines, "")
+}
+
+// TestErrors checks each validation rule: exit code 1, one readable line
+// per finding on stderr, results with severity, resourceRef and field
+// path, and the items left as they were.
+func TestErrors(t *testing.T) {
+	for _, tc := range errorCases {
+		t.Run(tc.name, func(t *testing.T) {
+			var in strings.Builder
+			in.WriteString("apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n")
+			var items string
+			if tc.asItem {
+				items = "- " + strings.ReplaceAll(strings.TrimSuffix(tc.ip, "\n"), "\n", "\n  ") + "\n" + tc.items
+			} else {
+				items = tc.items
+			}
+			if items == "" {
+				in.WriteString("- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: prefetch\n")
+			} else {
+				in.WriteString(items)
+			}
+			if !tc.asItem {
+				in.WriteString("functionConfig:\n" + indent(tc.ip, "  "))
+			}
+			o := invoke(t, []byte(in.String()))
+			if o.code != 1 {
+				t.Errorf("exit code %d, want 1", o.code)
+			}
+			if len(o.stderr) == 0 {
+				t.Error("nothing on stderr")
+			}
+			out := string(o.stdout)
+			i := strings.Index(out, "\nresults:\n")
+			if i < 0 {
+				t.Fatalf("no results in output:\n%s", out)
+			}
+			if !strings.Contains(out, "  severity: error\n") {
+				t.Errorf("no error result:\n%s", out[i:])
+			}
+			if strings.Contains(out, render0) {
+				t.Errorf("objects were rendered despite the error:\n%s", out)
+			}
+			golden(t, filepath.Join("testdata", "errors", tc.name+".golden"),
+				[]byte(fmt.Sprintf("# exit code: %d\n# stderr:\n%s# results:\n%s", o.code, indent(string(o.stderr), "#   "), out[i+len("\nresults:\n"):])))
+		})
+	}
+}
+
+// render0 is a line only rendered output contains.
+const render0 = "kind: DaemonSet"
+
+// TestRenderedInvariants checks properties every rendered output must have,
+// over all render goldens, so that a new case cannot quietly break them.
+func TestRenderedInvariants(t *testing.T) {
+	outputs, err := filepath.Glob("testdata/render/*.out.yaml")
+	if err != nil || len(outputs) == 0 {
+		t.Fatalf("no goldens in testdata/render: %v", err)
+	}
+	for _, file := range outputs {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl, err := fn.ParseResourceList(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fc := rl.FunctionConfig
+			kpt := false
+			for _, it := range rl.Items {
+				if it.PathAnnotation() != "" && it.GetLabel("app.kubernetes.io/managed-by") == "" {
+					kpt = true
+				}
+			}
+			generator := fc.GetKind() == "ImagePrefetcher" && !kpt
+			sawDaemonSet := false
+			for _, it := range rl.Items {
+				if it.GetLabel("app.kubernetes.io/managed-by") != "image-prefetcher-fn" {
+					continue
+				}
+				where := it.GetKind() + " " + it.GetName()
+				for k := range it.GetAnnotations() {
+					switch {
+					case k == "internal.config.kubernetes.io/path" || k == "internal.config.kubernetes.io/index":
+						if generator {
+							t.Errorf("%s: %s in generator mode", where, k)
+						}
+					case strings.HasPrefix(k, "config.kubernetes.io/"), strings.HasPrefix(k, "internal.config.kubernetes.io/"), strings.HasPrefix(k, "config.k8s.io/"):
+						t.Errorf("%s: config annotation %s copied onto the output", where, k)
+					case k == "kustomize.config.k8s.io/needs-hash":
+						if !generator || it.GetKind() != "ConfigMap" {
+							t.Errorf("%s: needs-hash outside a generator-mode ConfigMap", where)
+						}
+					}
+				}
+				if it.GetKind() == "ConfigMap" && generator && it.GetAnnotation("kustomize.config.k8s.io/needs-hash") != "true" {
+					t.Errorf("%s: generator-mode ConfigMap lacks needs-hash", where)
+				}
+				text := it.String()
+				for _, bad := range []string{"status:", ": null", ": {}\n", ": []\n", "privileged: true", "allowPrivilegeEscalation: true", "add:"} {
+					if strings.Contains(strings.ReplaceAll(text, "emptyDir: {}\n", ""), bad) {
+						t.Errorf("%s contains %q", where, bad)
+					}
+				}
+				if it.GetKind() != "DaemonSet" {
+					continue
+				}
+				sawDaemonSet = true
+				var ds appsv1.DaemonSet
+				if err := it.As(&ds); err != nil {
+					t.Fatal(err)
+				}
+				pod := ds.Spec.Template.Spec
+				if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+					t.Errorf("%s shares a host namespace", where)
+				}
+				for _, c := range append(pod.InitContainers, pod.Containers...) {
+					sc := c.SecurityContext
+					switch {
+					case sc == nil:
+						t.Errorf("%s/%s: no securityContext", where, c.Name)
+					case sc.Privileged == nil || *sc.Privileged,
+						sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation,
+						sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem,
+						sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" || len(sc.Capabilities.Add) != 0,
+						sc.SeccompProfile == nil || sc.SeccompProfile.Type != "RuntimeDefault":
+						t.Errorf("%s/%s: securityContext is not least-privilege: %+v", where, c.Name, sc)
+					}
+					for _, m := range c.VolumeMounts {
+						if m.MountPath != "/tmp" && !m.ReadOnly {
+							t.Errorf("%s/%s: mount %s is writable", where, c.Name, m.MountPath)
+						}
+					}
+				}
+				if ds.Spec.Template.Annotations["image-prefetcher.stackrox.io/config-hash"] == "" {
+					t.Errorf("%s: no config-hash annotation on the pod template", where)
+				}
+			}
+			if !sawDaemonSet {
+				t.Error("no DaemonSet rendered")
+			}
+		})
+	}
 }
