@@ -100,6 +100,7 @@ type Cluster struct {
 	regStop  func()
 	sysctls  *sysctlSaver
 	started  time.Time
+	attached bool
 }
 
 // Start brings up a cluster and returns when it is ready: the apiserver
@@ -120,6 +121,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if err := os.MkdirAll(opts.BaseDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", opts.BaseDir, err)
+	}
+	if cleaned, err := CleanStale(ctx, opts.BaseDir); err != nil {
+		return nil, err
+	} else if len(cleaned) > 0 {
+		fmt.Fprintf(opts.Progress, ">> cluster: removed runs left by crashed owners: %v\n", cleaned)
 	}
 	dir, err := os.MkdirTemp(opts.BaseDir, "r")
 	if err != nil {

@@ -55,7 +55,7 @@ func (c *Cluster) RegistryTransport() http.RoundTripper {
 // then pull it as "ghcr.io/team/app:v1" (or any MirroredHosts name). opts
 // can carry credentials for a repository protected with RequireAuth.
 func (c *Cluster) Push(ctx context.Context, img v1.Image, repoTag string, opts ...remote.Option) error {
-	if c.registry == nil {
+	if len(c.Nodes()) == 0 {
 		return errors.New("no registry in control-plane-only mode")
 	}
 	opts = append([]remote.Option{remote.WithTransport(c.RegistryTransport())}, opts...)

@@ -21,6 +21,9 @@ import (
 // namespace, the state directory, and the kernel sysctls the kubelet
 // changed. It is safe to call more than once.
 func (c *Cluster) Stop(ctx context.Context) error {
+	if c.attached {
+		return errors.New("an attached cluster is stopped by its owner: use `cluster down`")
+	}
 	c.progress("tearing down")
 	var errs []error
 	// Kubelets first, so that nothing restarts the pods being removed.
