@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -374,3 +376,43 @@ func sccViolations(scc *securityv1.SecurityContextConstraints, spec corev1.PodSp
 
 // lines is for error messages listing several objects.
 func lines(ss []string) string { return "\n  " + strings.Join(ss, "\n  ") }
+
+// Pod Security Admission rejects the agent's pod in a namespace below
+// `privileged`, because of the hostPath volume, and admits it at
+// `privileged`: the reason every example labels its namespace. The pod is
+// the DaemonSet's template from the vanilla overlay's golden output.
+func testPodSecurity(t *testing.T, tl tools, api *apiServer) {
+	data, err := os.ReadFile(filepath.Join(tl.root, "kustomize/overlays/vanilla/expected.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	fromUnstructured(t, only(t, decodeObjects(t, data), "DaemonSet"), &ds)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs, err := api.c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, level := range []string{"privileged", "baseline", "restricted"} {
+		ns := "psa-" + level
+		nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"pod-security.kubernetes.io/enforce": level}}}
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, nsObj, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ds.Spec.Template.Spec.ServiceAccountName, Namespace: ns}}
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent", Namespace: ns, Labels: ds.Spec.Template.Labels}, Spec: ds.Spec.Template.Spec}
+		_, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		switch {
+		case level == "privileged" && err != nil:
+			t.Errorf("enforce=privileged rejected the agent pod: %v", err)
+		case level != "privileged" && err == nil:
+			t.Errorf("enforce=%s admitted the agent pod; docs/security.md says hostPath needs privileged", level)
+		case level != "privileged" && !strings.Contains(err.Error(), "hostPath"):
+			t.Errorf("enforce=%s rejected the agent pod for another reason than hostPath: %v", level, err)
+		}
+	}
+}

@@ -68,6 +68,7 @@ func TestExamples(t *testing.T) {
 	t.Run("argocd", func(t *testing.T) { testArgoCD(t, tl, api) })
 	t.Run("flux", func(t *testing.T) { testFlux(t, tl, api) })
 	t.Run("scc-namereference", func(t *testing.T) { testSCCNameReferenceWithClusterSchema(t, tl, api) })
+	t.Run("pod-security", func(t *testing.T) { testPodSecurity(t, tl, api) })
 }
 
 // Every example directory has a README and is covered by a test above.
