@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -179,4 +180,61 @@ func TestDockerfiles(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Release numbers written into examples and docs follow VERSION and the
+// Makefile's kustomize, so that a release does not ship stale instructions.
+func TestExampleVersions(t *testing.T) {
+	tl := findTools(t)
+	ver := readVersion(t, tl)
+	mk, err := os.ReadFile(filepath.Join(tl.root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kustomizeVersion string
+	for _, line := range strings.Split(string(mk), "\n") {
+		if k, v, ok := strings.Cut(line, ":="); ok && strings.TrimSpace(k) == "KUSTOMIZE_VERSION" {
+			kustomizeVersion = strings.TrimSpace(v)
+		}
+	}
+	if kustomizeVersion == "" {
+		t.Fatal("Makefile has no KUSTOMIZE_VERSION")
+	}
+	fnImage := version.FunctionImageRepository + ":" + ver
+	for file, wants := range map[string][]string{
+		"examples/argocd/sidecar/Dockerfile": {"FROM " + fnImage + " AS fn", "kustomize/v5@" + kustomizeVersion},
+		fluxWorkflow:                         {`IMAGE_PREFETCHER_VERSION: "` + ver + `"`, "KUSTOMIZE_VERSION: " + kustomizeVersion},
+		"examples/kpt/README.md":             {fnImage},
+		"docs/integrations.md":               {"image-prefetcher-fn@v" + ver, "kustomize/v5@" + kustomizeVersion, "?ref=v" + ver},
+	} {
+		data, err := os.ReadFile(filepath.Join(tl.root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range wants {
+			if !strings.Contains(string(data), want) {
+				t.Errorf("%s does not say %q", file, want)
+			}
+		}
+	}
+	// The sidecar carries both tools, as Argo CD's plugin user.
+	ins := parseDockerfile(t, filepath.Join(tl.root, "examples/argocd/sidecar/Dockerfile"))
+	var copies []string
+	var user string
+	for _, in := range ins {
+		switch in.cmd {
+		case "COPY":
+			copies = append(copies, in.args)
+		case "USER":
+			user = in.args
+		}
+	}
+	for _, bin := range []string{"/usr/local/bin/kustomize", "/usr/local/bin/image-prefetcher-fn"} {
+		if !slices.ContainsFunc(copies, func(c string) bool { return strings.HasSuffix(c, " "+bin) }) {
+			t.Errorf("sidecar image does not install %s (COPY lines: %q)", bin, copies)
+		}
+	}
+	if user != "999:999" {
+		t.Errorf("sidecar USER %q, want 999:999 (Argo CD runs plugin sidecars as 999)", user)
+	}
 }
