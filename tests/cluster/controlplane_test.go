@@ -48,8 +48,50 @@ func TestControlPlaneOnly(t *testing.T) {
 		t.Fatalf("lease holder = %v, want %q", got.Spec.HolderIdentity, holder)
 	}
 
+	manifests := []byte(`apiVersion: v1
+kind: Namespace
+metadata:
+  name: applied
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: applied
+  namespace: applied
+data:
+  k: v
+`)
+	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{DryRun: true}); err == nil {
+		// The ConfigMap's namespace does not exist in a dry run.
+		t.Fatal("dry-run apply into a namespace that does not exist succeeded")
+	}
+	objs, err := c.Apply(ctx, manifests, cluster.ApplyOptions{})
+	if err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	if len(objs) != 2 || objs[1].GetKind() != "ConfigMap" || objs[1].GetNamespace() != "applied" {
+		t.Fatalf("applied %v", objs)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("applied").Get(ctx, "applied", metav1.GetOptions{}); err != nil {
+		t.Fatalf("applied ConfigMap not stored: %v", err)
+	}
+
 	out, err := c.Command(ctx, "sh", "-c", "ip -4 -o addr show veth0 && test -s \"$KUBECONFIG\"").CombinedOutput()
 	if err != nil {
 		t.Fatalf("command in namespace: %v: %s", err, out)
+	}
+
+	// An apiserver outage: requests fail, then everything is back.
+	if err := c.StopAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoordinationV1().Leases("default").Get(ctx, "slot-0", metav1.GetOptions{}); err == nil {
+		t.Fatal("request succeeded with the apiserver stopped")
+	}
+	if err := c.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoordinationV1().Leases("default").Get(ctx, "slot-0", metav1.GetOptions{}); err != nil {
+		t.Fatalf("lease after apiserver restart: %v", err)
 	}
 }
