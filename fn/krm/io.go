@@ -41,12 +41,12 @@ func Run(in []byte) ([]byte, fn.Results, error) {
 	if rl.FunctionConfig != nil && !rl.FunctionConfig.IsEmpty() {
 		fc = rl.FunctionConfig.CopyToResourceNode().YNode()
 	}
+	if spliced, ok := splice(in, items, inputIndex, fc, rl.Results); ok {
+		return spliced, rl.Results, nil
+	}
 	encoded, err := encode(items, fc, rl.Results)
 	if err != nil {
 		return nil, rl.Results, fmt.Errorf("write ResourceList: %w", err)
-	}
-	if spliced, ok := splice(in, items, inputIndex, fc, rl.Results, encoded); ok {
-		return spliced, rl.Results, nil
 	}
 	return encoded, rl.Results, nil
 }
@@ -109,9 +109,14 @@ func encodeNode(n *yaml.Node) ([]byte, error) {
 // through keeps its exact bytes, comments and formatting included; new
 // items are encoded at the input's indentation. It gives up (false) on
 // anything it cannot map to text with certainty, and it checks its result:
-// the spliced output must parse to the same document as the encoded one.
-func splice(in []byte, items []*yaml.Node, inputIndex map[*yaml.Node]int, fc *yaml.Node, results fn.Results, encoded []byte) ([]byte, bool) {
-	spans, indent, ok := itemSpans(in, len(inputIndex))
+// the spliced output must parse back to exactly the items, functionConfig
+// and results it was built from, comments included.
+func splice(in []byte, items []*yaml.Node, inputIndex map[*yaml.Node]int, fc *yaml.Node, results fn.Results) ([]byte, bool) {
+	inputs := make([]*yaml.Node, len(inputIndex))
+	for n, i := range inputIndex {
+		inputs[i] = n
+	}
+	spans, indent, ok := itemSpans(in, inputs)
 	if !ok || len(items) == 0 {
 		return nil, false
 	}
@@ -144,55 +149,75 @@ func splice(in []byte, items []*yaml.Node, inputIndex map[*yaml.Node]int, fc *ya
 		}
 		b.Write(text)
 	}
-	if !sameDocument(b.Bytes(), encoded) {
+	if !parsesTo(b.Bytes(), items, rest) {
 		return nil, false
 	}
 	return b.Bytes(), true
 }
 
-// sameDocument reports whether a and b parse to documents that encode
-// identically: same data, same comments.
-func sameDocument(a, b []byte) bool {
-	ca, errA := canonical(a)
-	cb, errB := canonical(b)
-	return errA == nil && errB == nil && bytes.Equal(ca, cb)
+// parsesTo reports whether text is a ResourceList whose items are items and
+// whose other fields are those of rest.
+func parsesTo(text []byte, items []*yaml.Node, rest *yaml.Node) bool {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(text, &doc); err != nil || len(doc.Content) != 1 {
+		return false
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode || len(root.Content) != 6+len(rest.Content) {
+		return false
+	}
+	seq := root.Content[5]
+	if root.Content[4].Value != "items" || seq.Kind != yaml.SequenceNode || len(seq.Content) != len(items) {
+		return false
+	}
+	for i := range items {
+		if !sameNode(seq.Content[i], items[i]) {
+			return false
+		}
+	}
+	for i, n := range rest.Content {
+		if !sameNode(root.Content[6+i], n) {
+			return false
+		}
+	}
+	return true
 }
 
-func canonical(in []byte) ([]byte, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(in, &doc); err != nil {
-		return nil, err
+// sameNode compares data and comments, not presentation (quoting, flow
+// or block style, indentation).
+func sameNode(a, b *yaml.Node) bool {
+	if a.Kind != b.Kind || len(a.Content) != len(b.Content) ||
+		strings.TrimSpace(a.HeadComment) != strings.TrimSpace(b.HeadComment) ||
+		strings.TrimSpace(a.LineComment) != strings.TrimSpace(b.LineComment) ||
+		strings.TrimSpace(a.FootComment) != strings.TrimSpace(b.FootComment) {
+		return false
 	}
-	return encodeNode(&doc)
+	switch a.Kind {
+	case yaml.ScalarNode:
+		return a.Value == b.Value && a.ShortTag() == b.ShortTag()
+	case yaml.AliasNode:
+		return a.Alias != nil && b.Alias != nil && a.Alias.Anchor == b.Alias.Anchor
+	}
+	for i := range a.Content {
+		if !sameNode(a.Content[i], b.Content[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // itemSpans cuts the text of a block-style "items:" sequence into one chunk
-// per item. A chunk starts with the comment lines right above the item's
-// "-" and runs to the next chunk. It returns the column of the "-".
-func itemSpans(in []byte, n int) ([][]byte, int, bool) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(in, &doc); err != nil || len(doc.Content) != 1 {
-		return nil, 0, false
-	}
-	root := doc.Content[0]
-	var key, seq *yaml.Node
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		if root.Content[i].Value == "items" {
-			key, seq = root.Content[i], root.Content[i+1]
-		}
-	}
-	if seq == nil || seq.Kind != yaml.SequenceNode || seq.Style&yaml.FlowStyle != 0 || len(seq.Content) != n || n == 0 {
+// per item, using the positions the parser recorded on the item nodes. A
+// chunk starts with the comment lines right above the item's "-" and runs
+// to the next chunk. It also returns the column of the "-".
+func itemSpans(in []byte, items []*yaml.Node) ([][]byte, int, bool) {
+	n := len(items)
+	if n == 0 {
 		return nil, 0, false
 	}
 	lines := bytes.SplitAfter(in, []byte("\n"))
 	if len(lines[len(lines)-1]) == 0 {
 		lines = lines[:len(lines)-1]
-	}
-	dashCol := seq.Column - 1
-	isDash := func(l int) bool {
-		line := lines[l]
-		return len(line) > dashCol && line[dashCol] == '-' && len(bytes.TrimLeft(line[:dashCol], " ")) == 0 &&
-			(len(line) == dashCol+1 || line[dashCol+1] == ' ' || line[dashCol+1] == '\n' || line[dashCol+1] == '\r')
 	}
 	isComment := func(l int) bool {
 		t := bytes.TrimLeft(lines[l], " ")
@@ -200,13 +225,56 @@ func itemSpans(in []byte, n int) ([][]byte, int, bool) {
 	}
 	isBlank := func(l int) bool { return len(bytes.TrimSpace(lines[l])) == 0 }
 
-	starts := make([]int, n)
-	floor := key.Line - 1 // the "items:" line, 0-based; chunks start below it
-	if key.Column != 1 || seq.Line <= key.Line {
+	// The "items:" key: the last top-level line above the first item.
+	first := items[0]
+	if first.Kind != yaml.MappingNode || first.Line < 2 || first.Line > len(lines) {
 		return nil, 0, false
 	}
-	for i, item := range seq.Content {
-		if item.Kind != yaml.MappingNode || item.Style&yaml.FlowStyle != 0 {
+	floor := -1
+	for l := first.Line - 2; l >= 0; l-- {
+		if bytes.HasPrefix(lines[l], []byte("items:")) {
+			floor = l
+			break
+		}
+		if !isBlank(l) && indentOf(lines[l]) == 0 && !isComment(l) {
+			return nil, 0, false
+		}
+	}
+	if floor < 0 {
+		return nil, 0, false
+	}
+	// The "-" of the first entry fixes the column of every entry.
+	dashCol := -1
+	for l := first.Line - 1; l > floor; l-- {
+		line := lines[l]
+		if l == first.Line-1 {
+			c := first.Column - 1
+			if c >= 2 && c <= len(line) && bytes.Equal(line[c-2:c], []byte("- ")) && indentOf(line) == c-2 {
+				dashCol = c - 2
+				break
+			}
+			continue
+		}
+		if t := bytes.TrimSpace(line); bytes.Equal(t, []byte("-")) {
+			dashCol = indentOf(line)
+			break
+		}
+		if !isBlank(l) && !isComment(l) {
+			return nil, 0, false
+		}
+	}
+	if dashCol < 0 {
+		return nil, 0, false
+	}
+	isDash := func(l int) bool {
+		line := lines[l]
+		return len(line) > dashCol && line[dashCol] == '-' && indentOf(line) == dashCol &&
+			(len(line) == dashCol+1 || line[dashCol+1] == ' ' || line[dashCol+1] == '\n' || line[dashCol+1] == '\r')
+	}
+
+	starts := make([]int, n)
+	for i, item := range items {
+		if item.Kind != yaml.MappingNode || item.Style&yaml.FlowStyle != 0 || item.Line < 1 || item.Line > len(lines) {
 			return nil, 0, false
 		}
 		// The "-" is on the line of the first key, or alone above it.
@@ -214,7 +282,7 @@ func itemSpans(in []byte, n int) ([][]byte, int, bool) {
 		for d > floor && !isDash(d) {
 			d--
 		}
-		if d <= floor || (i > 0 && d <= starts[i-1]) {
+		if d <= floor {
 			return nil, 0, false
 		}
 		s := d
@@ -232,11 +300,10 @@ func itemSpans(in []byte, n int) ([][]byte, int, bool) {
 	// at or left of the "-" and is neither a comment nor another entry.
 	end := len(lines)
 	for l := floor + 1; l < len(lines); l++ {
-		line := lines[l]
 		if isBlank(l) || isComment(l) {
 			continue
 		}
-		if len(line)-len(bytes.TrimLeft(line, " ")) <= dashCol {
+		if indentOf(lines[l]) <= dashCol {
 			end = l
 			break
 		}

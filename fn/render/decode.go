@@ -54,11 +54,16 @@ func (ps Problems) HasErrors() bool {
 // Decode reads an ImagePrefetcher strictly: every field that the API does
 // not define is reported with its path, instead of being dropped silently.
 func Decode(node *yaml.RNode) (*v1alpha1.ImagePrefetcher, Problems) {
-	raw, err := node.MarshalJSON()
+	// Straight from the yaml node to plain values and JSON: faster than
+	// RNode.MarshalJSON, which prints and re-parses YAML first.
+	var generic any
+	if err := node.YNode().Decode(&generic); err != nil {
+		return nil, Problems{errorf("", "cannot read object: %v", err)}
+	}
+	raw, err := json.Marshal(generic)
 	if err != nil {
 		return nil, Problems{errorf("", "cannot read object: %v", err)}
 	}
-	var generic any
 	if err := json.Unmarshal(raw, &generic); err != nil {
 		return nil, Problems{errorf("", "cannot read object: %v", err)}
 	}
