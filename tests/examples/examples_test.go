@@ -69,6 +69,7 @@ func TestExamples(t *testing.T) {
 	t.Run("flux", func(t *testing.T) { testFlux(t, tl, api) })
 	t.Run("scc-namereference", func(t *testing.T) { testSCCNameReferenceWithClusterSchema(t, tl, api) })
 	t.Run("pod-security", func(t *testing.T) { testPodSecurity(t, tl, api) })
+	t.Run("docs-own-overlay", func(t *testing.T) { testDocsOwnOverlay(t, tl, api) })
 }
 
 // Every example directory has a README and is covered by a test above.

@@ -311,3 +311,45 @@ patches:
 		t.Errorf("the patch replaced the container's env instead of merging it: %s", got)
 	}
 }
+
+// The overlay docs/integrations.md shows under "Your own overlay", built
+// with its remote references pointed at a local copy of kustomize/.
+func testDocsOwnOverlay(t *testing.T, tl tools, api *apiServer) {
+	doc, err := os.ReadFile(filepath.Join(tl.root, "docs/integrations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "### Your own overlay")
+	if !ok {
+		t.Fatal(`docs/integrations.md has no "### Your own overlay" section`)
+	}
+	_, block, ok := strings.Cut(section, "```yaml\n")
+	if !ok {
+		t.Fatal("no yaml block in the section")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	const remote = "https://github.com/image-prefetcher/image-prefetcher//"
+	ref := "?ref=v" + readVersion(t, tl)
+	if strings.Count(block, remote) != 2 || strings.Count(block, ref) != 2 {
+		t.Fatalf("want the base and the function as remote references at %s:\n%s", ref, block)
+	}
+	local := strings.ReplaceAll(strings.ReplaceAll(block, remote, "../"), ref, "")
+	tmp := t.TempDir()
+	tl.copyTree(t, "kustomize", tmp)
+	write(t, filepath.Join(tmp, "mine", "kustomization.yaml"), local)
+	out := tl.run(t, tmp, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "mine")
+	api.dryRunApply(t, out)
+	objs := decodeObjects(t, out)
+	ds := only(t, objs, "DaemonSet")
+	if ds.GetNamespace() != "prefetch" {
+		t.Errorf("DaemonSet in namespace %q, want prefetch", ds.GetNamespace())
+	}
+	if got := agentImages(t, ds); !strings.Contains(got, "registry.example.com/mirror/image-prefetcher:") {
+		t.Errorf("agent image %s, want the mirror set through spec.agent.image", got)
+	}
+	cm := only(t, objs, "ConfigMap")
+	list, _, _ := unstructured.NestedString(cm.Object, "data", "images.txt")
+	if !strings.Contains(list, "registry.example.com/team/api:2.4.1") || strings.Contains(list, "pause") {
+		t.Errorf("image list %q, want the patched list only", list)
+	}
+}
