@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"github.com/image-prefetcher/image-prefetcher/fn/version"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
 )
@@ -89,4 +92,58 @@ func (c *Cluster) pushPause(ctx context.Context) error {
 	}
 	c.progress("pause image pushed as %s", PauseImage)
 	return nil
+}
+
+// ProjectBinDir is ./bin of the repository this test runs in, where `make
+// build` puts image-prefetcher and image-prefetcher-fn.
+func ProjectBinDir() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("working directory: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "bin"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// PushProjectImages builds the agent and function images from binDir (""
+// for ProjectBinDir) exactly as `make oci` does, and pushes them under
+// their default references (fn/version), so that rendered manifests pull
+// them unchanged. It returns the references pods use.
+func (c *Cluster) PushProjectImages(ctx context.Context, binDir string) (agentRef, fnRef string, err error) {
+	if binDir == "" {
+		if binDir, err = ProjectBinDir(); err != nil {
+			return "", "", err
+		}
+	}
+	agentRef = version.AgentImage()
+	fnRef = version.FunctionImageRepository + ":" + version.Version
+	for _, x := range []struct {
+		spec ociimage.Spec
+		ref  string
+	}{{ociimage.Agent(binDir), agentRef}, {ociimage.Function(binDir), fnRef}} {
+		if _, err := os.Stat(x.spec.Files[0].Source); err != nil {
+			return "", "", fmt.Errorf("%s is missing: run `make build`", x.spec.Files[0].Source)
+		}
+		img, err := ociimage.Build(x.spec)
+		if err != nil {
+			return "", "", err
+		}
+		repoTag, ok := strings.CutPrefix(x.ref, "ghcr.io/")
+		if !ok {
+			return "", "", fmt.Errorf("default image %s is not on ghcr.io, which the nodes mirror", x.ref)
+		}
+		if err := c.Push(ctx, img, repoTag); err != nil {
+			return "", "", err
+		}
+		c.progress("pushed %s", x.ref)
+	}
+	return agentRef, fnRef, nil
 }

@@ -151,6 +151,30 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("registry saw %d manifest requests for e2e/smoke, want one per node at least", len(reqs))
 	}
 
+	// The project's images, assembled as `make oci` does, are pulled by
+	// their default references through the CRI, with their users.
+	agentRef, fnRef, err := c.PushProjectImages(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cri, err := c.Nodes()[1].CRI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ref, uid := range map[string]int64{agentRef: 0, fnRef: 65532} {
+		if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+			t.Fatalf("pull %s through the CRI: %v", ref, err)
+		}
+		st, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+		if err != nil || st.Image == nil {
+			t.Fatalf("%s not present after pull (err %v)", ref, err)
+		}
+		if st.Image.Uid == nil || st.Image.Uid.Value != uid {
+			t.Errorf("%s runs as uid %v, want %d", ref, st.Image.Uid, uid)
+		}
+	}
+	cri.Close()
+
 	// Restarting a node's containerd keeps the pod running.
 	n1 := c.Nodes()[0]
 	if err := n1.RestartContainerd(ctx); err != nil {

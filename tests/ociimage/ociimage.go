@@ -268,3 +268,15 @@ func Push(ctx context.Context, img v1.Image, ref string, opts ...remote.Option) 
 	}
 	return nil
 }
+
+// Agent is the agent image `make oci` builds from binDir/image-prefetcher:
+// root, because the agent must reach the root-owned CRI socket.
+func Agent(binDir string) Spec {
+	return Binary(binDir+"/image-prefetcher", "0:0")
+}
+
+// Function is the KRM function image `make oci` builds from
+// binDir/image-prefetcher-fn: distroless's nonroot user.
+func Function(binDir string) Spec {
+	return Binary(binDir+"/image-prefetcher-fn", "65532:65532")
+}

@@ -236,3 +236,35 @@ func TestPush(t *testing.T) {
 		t.Fatal("bad reference accepted")
 	}
 }
+
+func TestProjectImages(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"image-prefetcher", "image-prefetcher-fn"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		spec       ociimage.Spec
+		entrypoint string
+		user       string
+	}{
+		{ociimage.Agent(dir), "/usr/local/bin/image-prefetcher", "0:0"},
+		{ociimage.Function(dir), "/usr/local/bin/image-prefetcher-fn", "65532:65532"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.entrypoint, func(t *testing.T) {
+			img, err := ociimage.Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != tt.entrypoint || cf.Config.User != tt.user {
+				t.Fatalf("entrypoint %q user %q, want [%q] %q", cf.Config.Entrypoint, cf.Config.User, tt.entrypoint, tt.user)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
@@ -16,7 +17,7 @@ import (
 
 func main() {
 	bin := flag.String("binary", "", "static binary to put at /usr/local/bin/<name> as the entrypoint")
-	user := flag.String("user", "65532:65532", "user the entrypoint runs as")
+	user := flag.String("user", "", "user the entrypoint runs as (default: 0:0 for image-prefetcher, as ociimage.Agent; 65532:65532 otherwise)")
 	ref := flag.String("ref", "", "reference recorded in the layout's index (org.opencontainers.image.ref.name)")
 	out := flag.String("out", "", "layout directory to (re)create")
 	arch := flag.String("arch", runtime.GOARCH, "image architecture (must match the binary)")
@@ -25,7 +26,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: ociimage -binary FILE -out DIR [-user U] [-ref REF] [-arch A]")
 		os.Exit(2)
 	}
-	spec := ociimage.Binary(*bin, *user)
+	spec := ociimage.Function(filepath.Dir(*bin))
+	if filepath.Base(*bin) == "image-prefetcher" {
+		spec = ociimage.Agent(filepath.Dir(*bin))
+	}
+	spec.Files[0].Path = "/usr/local/bin/" + filepath.Base(*bin)
+	spec.Files[0].Source = *bin
+	spec.Entrypoint = []string{spec.Files[0].Path}
+	if *user != "" {
+		spec.User = *user
+	}
 	spec.Arch = *arch
 	img, err := ociimage.Build(spec)
 	if err == nil {
