@@ -99,6 +99,8 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("at most K holders at any moment", env.testAtMostK)
 	t.Run("killed holder's slot is reclaimed after the lease duration", env.testKilledHolder)
 	t.Run("seed nodes pull alone until one finishes", env.testSeed)
+	// Last: it stops the apiserver.
+	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
 }
 
 type testEnv struct {
@@ -550,6 +552,46 @@ func (e *testEnv) testSeed(t *testing.T) {
 	}
 	if v := l.Annotations[slots.SeededAnnotation]; v != "list-1" {
 		t.Errorf("slot 0 %s = %q, want list-1", slots.SeededAnnotation, v)
+	}
+}
+
+func (e *testEnv) testOutage(t *testing.T) {
+	const (
+		k        = 1
+		instance = "outage"
+		duration = 2 * time.Second
+	)
+	token := e.agentToken(t, instance, k)
+	g := e.gate(t, token, instance, slots.Config{Slots: k, Identity: "a", LeaseDuration: duration})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h, err := g.Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.StopAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.Lost():
+	case <-ctx.Done():
+		t.Fatal("the holder never noticed that it could not renew")
+	}
+	if h.Held() || h.Err() == nil {
+		t.Errorf("after the outage: held %v, err %v", h.Held(), h.Err())
+	}
+	t.Logf("holder reported: %v", h.Err())
+	if err := e.c.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody else wrote the Lease, so it still names us; Release must clear it.
+	h.Release()
+	l, err := e.admin.CoordinationV1().Leases(e.ns).Get(ctx, h.Name(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if holderOf(l) != "" {
+		t.Errorf("after Release %s still shows holder %q", h.Name(), holderOf(l))
 	}
 }
 
