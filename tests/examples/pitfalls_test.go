@@ -94,6 +94,23 @@ metadata:
 `)
 	write(t, filepath.Join(tmp, "kust", "kustomization.yaml"), "resources: [imageprefetcher.yaml]\ntransformers: [function.yaml]\n")
 
+	// A function declared in a shared directory is resolved from the
+	// kustomization that lists it: ../tools from top/ is tmp/tools, while
+	// from shared/function/ it would be tmp/shared/tools, which does not exist.
+	write(t, filepath.Join(tmp, "intent", "imageprefetcher.yaml"), prefetcher)
+	write(t, filepath.Join(tmp, "intent", "kustomization.yaml"), "resources: [imageprefetcher.yaml]\n")
+	write(t, filepath.Join(tmp, "shared", "function", "function.yaml"), `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: fn
+  annotations:
+    config.kubernetes.io/function: |
+      exec:
+        path: ../tools/image-prefetcher-fn
+`)
+	write(t, filepath.Join(tmp, "shared", "function", "kustomization.yaml"), "resources: [function.yaml]\n")
+	write(t, filepath.Join(tmp, "top", "kustomization.yaml"), "resources: [../intent]\ntransformers: [../shared/function]\n")
+
 	// An environment without ./bin on PATH: only the relative path can work.
 	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + tmp}
 	for _, tc := range []struct {
@@ -107,6 +124,7 @@ metadata:
 		{"kustomize from inside the kustomization", filepath.Join(tmp, "kust"), []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "."}, true},
 		{"kustomize from the parent directory", tmp, []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "kust"}, true},
 		{"kustomize from the root", "/", []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", filepath.Join(tmp, "kust")}, true},
+		{"kustomize with a shared function declaration", "/", []string{tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", filepath.Join(tmp, "top")}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := tl.runErr(tc.dir, env, tc.argv...)
