@@ -95,6 +95,11 @@ func (c Config) ImageListText() string {
 func Render(c Config) ([]*yaml.RNode, error) {
 	n := NamesFor(c.Namespace, c.Name)
 	labels := Labels(c.Name)
+	for k, v := range c.ExtraLabels {
+		if _, ours := labels[k]; !ours {
+			labels[k] = v
+		}
+	}
 	meta := func(name string, namespaced bool) metav1.ObjectMeta {
 		m := metav1.ObjectMeta{Name: name, Labels: labels}
 		if namespaced {

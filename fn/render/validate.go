@@ -57,6 +57,10 @@ type Config struct {
 	NodeLabel          bool                         `json:"nodeLabel"`
 	RefreshInterval    time.Duration                `json:"refreshInterval"`
 	AdmissionPolicy    bool                         `json:"admissionPolicy"`
+	// ExtraLabels are the ImagePrefetcher's own labels, put on every
+	// rendered object: kustomize's labels/commonLabels reach the
+	// ImagePrefetcher before the function runs, and so reach its output.
+	ExtraLabels map[string]string `json:"extraLabels,omitempty"`
 }
 
 // DefaultResources are the agent's requests and limits when
@@ -273,6 +277,16 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 		if msg := checkMaxUnavailable(*mu); msg != "" {
 			p = append(p, errorf("spec.rollout.maxUnavailable", "%s", msg))
 		}
+	}
+
+	for _, k := range sortedKeys(ip.Metadata.Labels) {
+		if strings.HasPrefix(k, "app.kubernetes.io/") {
+			continue // ours to set
+		}
+		if c.ExtraLabels == nil {
+			c.ExtraLabels = map[string]string{}
+		}
+		c.ExtraLabels[k] = ip.Metadata.Labels[k]
 	}
 
 	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled
