@@ -140,7 +140,7 @@ func New(cfg Config) (*Gate, error) {
 	return &Gate{
 		cfg:    cfg,
 		leases: cfg.Leases.Leases(cfg.Namespace),
-		log:    cfg.Logger.With("component", "slots", "instance", cfg.Instance),
+		log:    cfg.Logger.With("component", "slots"),
 		now:    time.Now,
 	}, nil
 }
