@@ -109,15 +109,19 @@ func (n *Node) ContainerdPID() int {
 	return 0
 }
 
-// ResetRuntimes stops the containerd of every given node, deletes its root
-// (every image, blob and snapshot) and starts it again, so that the next
-// pull starts from an empty node.
-func (c *Cluster) ResetRuntimes(ctx context.Context, nodes []*Node) error {
+// RestartRuntimes stops the containerd of every given node and starts it
+// again. With wipe, its root (every image, blob and snapshot) is deleted in
+// between, so that the next pull starts from an empty node; without, the
+// node keeps its images but drops every connection it had open.
+func (c *Cluster) RestartRuntimes(ctx context.Context, nodes []*Node, wipe bool) error {
 	// Stopping and waiting run in parallel; starts are sequential because
 	// each one rewrites the run's state file.
 	if err := eachNode(nodes, func(n *Node) error {
 		if err := n.StopContainerd(ctx); err != nil {
 			return err
+		}
+		if !wipe {
+			return nil
 		}
 		if err := os.RemoveAll(n.ContainerdRoot()); err != nil {
 			return fmt.Errorf("remove containerd root: %w", err)

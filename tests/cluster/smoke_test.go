@@ -24,10 +24,6 @@ import (
 // on both, checks it through the API and each node's CRI, then checks that
 // teardown leaves nothing behind.
 func TestSmoke(t *testing.T) {
-	before, err := cluster.Sysctls()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Options{Nodes: 2})
@@ -197,15 +193,11 @@ func TestSmoke(t *testing.T) {
 	if err := c.Stop(context.Background()); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
+	// Leftovers covers processes, mounts, cgroups, CNI results, the
+	// namespace, the run directory and, unless another run is still using
+	// them, the kubelet's sysctls (compared with the values saved at start).
 	if left := c.Leftovers(); len(left) > 0 {
 		t.Fatalf("teardown left behind:\n  %s", strings.Join(left, "\n  "))
-	}
-	after, err := cluster.Sysctls()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(before) != fmt.Sprint(after) {
-		t.Errorf("sysctls before %v, after %v", before, after)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "netns")); !os.IsNotExist(err) {
 		t.Errorf("network namespace file still there: %v", err)

@@ -2,9 +2,13 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -42,4 +46,53 @@ func (c *Cluster) DumpLogs(t testing.TB) {
 			t.Logf("---- last lines of %s:\n%s", filepath.Base(l), tail(l, 25))
 		}
 	}
+}
+
+// RunMain shares one cluster between every test of a package: it starts
+// the cluster, stores it in *c, runs the tests, tears the cluster down and
+// returns the exit code (non-zero also when teardown leaves anything
+// behind). An interrupt tears the cluster down before exiting.
+//
+//	var c *cluster.Cluster
+//	func TestMain(m *testing.M) { os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2}, &c)) }
+func RunMain(m *testing.M, opts Options, c **Cluster) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	cl, err := Start(ctx, opts)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start cluster: %v\n", err)
+		return 1
+	}
+	*c = cl
+	var once sync.Once
+	stop := func() int {
+		code := 0
+		once.Do(func() {
+			if err := cl.Stop(context.Background()); err != nil {
+				fmt.Fprintf(os.Stderr, "stop cluster: %v\n", err)
+				code = 1
+			}
+			if left := cl.Leftovers(); len(left) > 0 {
+				fmt.Fprintf(os.Stderr, "teardown left behind:\n  %s\n", strings.Join(left, "\n  "))
+				code = 1
+			}
+		})
+		return code
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sigs; ok {
+			fmt.Fprintln(os.Stderr, "interrupted: tearing the cluster down")
+			stop()
+			os.Exit(130)
+		}
+	}()
+	code := m.Run()
+	signal.Stop(sigs)
+	close(sigs)
+	if scode := stop(); code == 0 {
+		code = scode
+	}
+	return code
 }
