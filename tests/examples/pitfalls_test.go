@@ -153,11 +153,19 @@ func TestPitfallBuiltinsRunBeforeTheFunction(t *testing.T) {
 
 	// Same kustomization as the function: namespace and namePrefix reach
 	// every derived name; images: finds no DaemonSet yet.
-	write(t, filepath.Join(tmp, "same", "kustomization.yaml"), "resources: [../kustomize/base]\nnamespace: team-a\nnamePrefix: a-\n"+imagesField+"transformers: [../kustomize/base/function]\n")
+	write(t, filepath.Join(tmp, "same", "kustomization.yaml"), "resources: [../kustomize/base]\nnamespace: team-a\nnamePrefix: a-\nlabels:\n- pairs: {team: a}\n"+imagesField+"transformers: [../kustomize/base/function]\n")
 	same := decodeObjects(t, tl.run(t, tmp, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "same"))
 	ds := only(t, same, "DaemonSet")
 	if ds.GetNamespace() != "team-a" || ds.GetName() != "image-prefetcher-a-prefetch" {
 		t.Errorf("DaemonSet %s/%s, want team-a/image-prefetcher-a-prefetch (instance a-prefetch)", ds.GetNamespace(), ds.GetName())
+	}
+	// labels: reach the rendered objects through the ImagePrefetcher, but
+	// not the selector.
+	if ds.GetLabels()["team"] != "a" {
+		t.Errorf("DaemonSet labels %v lack team=a from labels: next to the function", ds.GetLabels())
+	}
+	if sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "selector", "matchLabels"); sel["team"] != "" {
+		t.Errorf("labels: reached the DaemonSet selector %v", sel)
 	}
 	if got := agentImages(t, ds); strings.Contains(got, mirror) {
 		t.Errorf("images: in the function's kustomization changed the agent image to %s; docs say it cannot", got)
