@@ -35,7 +35,7 @@ type fakeAPI struct {
 
 func newFakeAPI(t *testing.T) *fakeAPI {
 	t.Helper()
-	f := &fakeAPI{cs: fake.NewClientset()}
+	f := &fakeAPI{cs: fake.NewSimpleClientset()}
 	f.cs.PrependReactor("*", "leases", f.react)
 	return f
 }

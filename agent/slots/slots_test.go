@@ -14,7 +14,7 @@ import (
 )
 
 func TestNewValidates(t *testing.T) {
-	leases := fake.NewClientset().CoordinationV1()
+	leases := fake.NewSimpleClientset().CoordinationV1()
 	good := Config{Leases: leases, Namespace: "ns", Instance: "demo", Slots: 2, Identity: "pod"}
 	tests := []struct {
 		name    string
@@ -53,7 +53,7 @@ func TestNewDefaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, err := New(Config{Leases: fake.NewClientset().CoordinationV1(), Namespace: "ns", Instance: "demo",
+			g, err := New(Config{Leases: fake.NewSimpleClientset().CoordinationV1(), Namespace: "ns", Instance: "demo",
 				Slots: 1, Identity: "pod", LeaseDuration: tt.duration})
 			if err != nil {
 				t.Fatal(err)
