@@ -123,8 +123,10 @@ func destroy(s state) error {
 }
 
 // members finds the processes that belong to the run: inside its network
-// namespace, inside a node's mount namespace, in a node's cgroup, or
-// started from the run directory.
+// namespace (every component and shim), inside a node's mount namespace, or
+// in a node's cgroup (containers, which have network namespaces of their
+// own). A command line that merely mentions the run directory, such as a
+// shell reading a log, is not enough.
 func members(s state) []int {
 	self := os.Getpid()
 	var netIno uint64
@@ -164,9 +166,6 @@ func belongs(pid int, s state, netIno uint64, mntNS map[string]bool) bool {
 		}
 	}
 	if l, err := os.Readlink(base + "ns/mnt"); err == nil && mntNS[l] {
-		return true
-	}
-	if cmdline, err := os.ReadFile(base + "cmdline"); err == nil && s.Dir != "" && strings.Contains(string(cmdline), s.Dir+"/") {
 		return true
 	}
 	if len(s.Nodes) > 0 {
