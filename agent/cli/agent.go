@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -116,18 +118,15 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	log := slog.Default().With("node", f.nodeName, "instance", f.instance)
 	a := &agent{flags: f, deps: deps, log: log}
 
-	var b imagelist.Builder
+	var text string
 	if f.imageListFile != "" {
 		data, err := os.ReadFile(f.imageListFile)
 		if err != nil {
 			return nil, fmt.Errorf("read image list: %w", err)
 		}
-		b.AddText(string(data))
+		text = string(data)
 	}
-	for _, ref := range args {
-		b.Add(0, ref)
-	}
-	list := b.List()
+	list := loadList(text, args)
 	for _, d := range list.Duplicates {
 		log.Info("duplicate image ignored", "line", d.Line, "image", d.Ref, "sameAsLine", d.FirstLine)
 	}
@@ -171,14 +170,14 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	a.events = &events.Recorder{Client: kube, Pod: pod, Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: kube, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
-		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, Log: log})
+		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries), Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("herd control: %w", err)
 	}
 
 	if f.metricsAddr != "" {
 		a.metrics = metrics.New()
-		if err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
+		if _, err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
 			return nil, err
 		}
 	}
@@ -211,6 +210,31 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	}
 	a.puller = pull.New(c, cfg)
 	return a, nil
+}
+
+// loadList parses the list file's text, then the extra images given as
+// arguments, in one de-duplication scope, with the function's rules.
+func loadList(text string, args []string) imagelist.List {
+	var b imagelist.Builder
+	b.AddText(text)
+	for _, ref := range args {
+		b.Add(0, ref)
+	}
+	return b.List()
+}
+
+// listDigest names an image list by content, so that herd control seeds a
+// changed list again.
+func listDigest(entries []imagelist.Entry) string {
+	h := sha256.New()
+	for _, e := range entries {
+		ref := e.Normalized
+		if ref == "" {
+			ref = e.Ref
+		}
+		h.Write([]byte(ref + "\n"))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // runtimeVersion asks the runtime who it is, waiting a little for a

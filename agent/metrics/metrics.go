@@ -72,11 +72,12 @@ func (m *Metrics) Checked(present, failed int, at time.Time) {
 }
 
 // Serve serves /metrics and /healthz on addr until ctx ends. It returns
-// once the listener is bound, so a bad address fails the command at once.
-func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) error {
+// the bound address once listening, so a bad address fails the command at
+// once.
+func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics listener on %s: %w", addr, err)
+		return nil, fmt.Errorf("metrics listener on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
@@ -94,5 +95,5 @@ func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) erro
 		}
 	}()
 	log.Info("serving metrics", "addr", ln.Addr().String())
-	return nil
+	return ln.Addr(), nil
 }

@@ -1,0 +1,146 @@
+package cli
+
+import (
+	"context"
+	"syscall"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+)
+
+// startWatch runs watch in the background and returns its exit code channel.
+func (e *env) startWatch(extra ...string) chan int {
+	done := make(chan int, 1)
+	args := e.agentArgs("watch", extra...)
+	go func() { done <- e.run(args...) }()
+	select {
+	case <-e.ready:
+	case code := <-done:
+		e.t.Fatalf("watch exited early with %d:\n%s", code, e.logs)
+	}
+	return done
+}
+
+func (e *env) sigterm(done chan int) int {
+	e.t.Helper()
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		e.t.Fatal(err)
+	}
+	return <-done
+}
+
+func (e *env) labelIs(want string) func() bool {
+	return func() bool {
+		n, err := e.kube.CoreV1().Nodes().Get(context.Background(), testNode, metav1.GetOptions{})
+		return err == nil && n.Labels[testKey] == want && n.Annotations[testKey] != ""
+	}
+}
+
+func TestWatchRepullsRemovedImagesAndKeepsLabelTruthful(t *testing.T) {
+	e := newEnv(t)
+	ref := "docker.io/library/app:1"
+	done := e.startWatch("--refresh-interval=10ms", "app:1", "quay.io/x/other:2")
+	waitFor(t, "label succeeded", e.labelIs("succeeded"))
+
+	// Image garbage collection removes an image: it is pulled again.
+	pulls := len(e.cri.Pulls(ref))
+	e.cri.DeleteImage(ref)
+	waitFor(t, "re-pull", func() bool { return len(e.cri.Pulls(ref)) > pulls && e.cri.HasImage(ref) })
+	if _, s, _ := e.state(); s.Present != 2 {
+		t.Errorf("summary %+v", s)
+	}
+
+	// Someone removes the label: it comes back.
+	patch := []byte(`{"metadata":{"labels":{"` + testKey + `":null}}}`)
+	if _, err := e.kube.CoreV1().Nodes().Patch(context.Background(), testNode, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "label re-applied", e.labelIs("succeeded"))
+
+	// Removed and no longer pullable: failed, with the reason.
+	e.cri.SetBehavior(ref, func(context.Context, int, *runtimeapi.PullImageRequest) error { return fakecri.NotFound(ref) })
+	e.cri.DeleteImage(ref)
+	waitFor(t, "label failed", e.labelIs("failed"))
+	if _, s, _ := e.state(); len(s.Failed) != 1 || s.Failed[0].Reason != pull.ReasonNotFound || s.Present != 1 {
+		t.Errorf("summary %+v", s)
+	}
+	// Pullable again: succeeded again.
+	e.cri.SetBehavior(ref, nil)
+	waitFor(t, "label succeeded again", e.labelIs("succeeded"))
+
+	if code := e.sigterm(done); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, e.logs)
+	}
+	n := e.node(testNode)
+	if _, ok := n.Labels[testKey]; ok {
+		t.Error("label left behind after SIGTERM")
+	}
+	if _, ok := n.Annotations[testKey]; ok {
+		t.Error("annotation left behind after SIGTERM")
+	}
+	e.assertOthersUntouched()
+}
+
+func TestWatchDoesNotRewriteAnUnchangedLabel(t *testing.T) {
+	e := newEnv(t)
+	done := e.startWatch("--refresh-interval=5ms", "app:1")
+	waitFor(t, "label succeeded", e.labelIs("succeeded"))
+	// Let several more checks run.
+	statuses := e.cri.StatusCalls()
+	waitFor(t, "more checks", func() bool { return e.cri.StatusCalls() > statuses+5 })
+	patches := 0
+	for _, a := range e.kube.Actions() {
+		if a.GetVerb() == "patch" {
+			patches++
+		}
+	}
+	if patches != 1 {
+		t.Errorf("%d patches, want 1: an unchanged state must not be rewritten", patches)
+	}
+	if code := e.sigterm(done); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+func TestWatchWithoutRefreshRemovesLabelOnSIGTERM(t *testing.T) {
+	e := newEnv(t)
+	// fetch labels first, as the init container does.
+	if code := e.run(e.agentArgs("fetch", "app:1")...); code != 0 {
+		t.Fatalf("fetch exit %d", code)
+	}
+	done := e.startWatch("--refresh-interval=0", "app:1")
+	if code := e.sigterm(done); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, e.logs)
+	}
+	if _, ok := e.node(testNode).Labels[testKey]; ok {
+		t.Error("label left behind")
+	}
+	e.assertOthersUntouched()
+}
+
+func TestWatchKeepsLabelWhenAsked(t *testing.T) {
+	e := newEnv(t)
+	done := e.startWatch("--refresh-interval=5ms", "--remove-label-on-exit=false", "app:1")
+	waitFor(t, "label succeeded", e.labelIs("succeeded"))
+	if code := e.sigterm(done); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if v, _, _ := e.state(); v != "succeeded" {
+		t.Errorf("label %q", v)
+	}
+}
+
+func TestSleepWaitsForSIGTERM(t *testing.T) {
+	e := newEnv(t)
+	done := make(chan int, 1)
+	go func() { done <- e.run("sleep") }()
+	<-e.ready
+	if code := e.sigterm(done); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}

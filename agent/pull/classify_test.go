@@ -1,0 +1,108 @@
+package pull
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
+)
+
+func TestClassifyContainerdMessages(t *testing.T) {
+	const ref = "registry.example.com/team/app:1"
+	const host = "registry.example.com"
+	wrap := func(err error) error { return fmt.Errorf("CRI PullImage %s: %w", ref, err) }
+	cases := []struct {
+		name   string
+		err    error
+		class  Class
+		reason string
+	}{
+		// Messages are containerd 1.6.20's, code and text (see fakecri).
+		{"missing tag", fakecri.NotFound(ref), Permanent, ReasonNotFound},
+		{"missing blob", fakecri.BlobNotFound(ref), Permanent, ReasonNotFound},
+		{"401", fakecri.HTTPStatus(ref, host, "401 Unauthorized"), Permanent, ReasonUnauthorized},
+		{"403", fakecri.HTTPStatus(ref, host, "403 Forbidden"), Permanent, ReasonForbidden},
+		{"429", fakecri.HTTPStatus(ref, host, "429 Too Many Requests"), Transient, ReasonPullFailed},
+		{"503", fakecri.HTTPStatus(ref, host, "503 Service Unavailable"), Transient, ReasonPullFailed},
+		{"500", fakecri.HTTPStatus(ref, host, "500 Internal Server Error"), Transient, ReasonPullFailed},
+		{"registry down", fakecri.ConnectionRefused(ref, host+":443"), Transient, ReasonPullFailed},
+		{"stall", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), Transient, ReasonTimeout},
+		{"malformed reference", fakecri.InvalidReference("Bad::Ref"), Permanent, ReasonInvalidReference},
+		{"socket missing", status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial unix /run/containerd/containerd.sock: connect: no such file or directory"`), Transient, ReasonPullFailed},
+		{"platform", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: no match for platform in manifest: not found`, ref), Permanent, ReasonPullFailed},
+		{"reset", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: read tcp 1.2.3.4:5->6.7.8.9:443: read: connection reset by peer`, ref), Transient, ReasonPullFailed},
+		{"eof", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: unexpected EOF`, ref), Transient, ReasonPullFailed},
+		{"local deadline", context.DeadlineExceeded, Transient, ReasonTimeout},
+		{"plain eof", io.ErrUnexpectedEOF, Transient, ReasonPullFailed},
+		{"unknown", errors.New("failed to extract layer: no space left on device"), Transient, ReasonPullFailed},
+	}
+	for _, c := range cases {
+		for _, err := range []error{c.err, wrap(c.err)} {
+			class, reason := Classify(err)
+			if class != c.class || reason != c.reason {
+				t.Errorf("%s: %v -> (%s, %s), want (%s, %s)", c.name, err, class, reason, c.class, c.reason)
+			}
+		}
+	}
+}
+
+func TestContainerdMessagesAreExact(t *testing.T) {
+	// The fake must say exactly what containerd says, or the classifier
+	// tests prove nothing.
+	ref := "127.0.0.1:5000/x/y:1"
+	got := fakecri.HTTPStatus(ref, "127.0.0.1:5000", "401 Unauthorized")
+	want := `rpc error: code = Unknown desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 401 Unauthorized`
+	if got.Error() != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	got = fakecri.NotFound(ref)
+	want = `rpc error: code = NotFound desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": 127.0.0.1:5000/x/y:1: not found`
+	if got.Error() != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	got = fakecri.InvalidReference("Bad::Ref")
+	want = `rpc error: code = Unknown desc = failed to parse image reference "Bad::Ref": invalid reference format: repository name must be lowercase`
+	if got.Error() != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+func TestSchedule(t *testing.T) {
+	s := time.Second
+	cases := []struct {
+		initial, max time.Duration
+		want         []time.Duration
+	}{
+		{30 * s, 5 * time.Minute, []time.Duration{30 * s, 60 * s, 120 * s, 240 * s, 300 * s, 300 * s}},
+		{s, 10 * time.Minute, []time.Duration{s, 2 * s, 4 * s, 8 * s, 16 * s, 32 * s}},
+		{s, s, []time.Duration{s, s, s, s, s, s}},
+	}
+	for _, c := range cases {
+		got := Schedule(c.initial, c.max, len(c.want))
+		for i := range c.want {
+			if got[i] != c.want[i] {
+				t.Errorf("Schedule(%v,%v) = %v, want %v", c.initial, c.max, got, c.want)
+				break
+			}
+		}
+	}
+}
+
+func TestJitterStaysWithinTwentyPercent(t *testing.T) {
+	for _, r := range []float64{0, 0.25, 0.5, 0.75, 0.999999} {
+		d := Jitter(10*time.Second, r)
+		if d < 8*time.Second || d > 12*time.Second {
+			t.Errorf("Jitter(10s, %v) = %v", r, d)
+		}
+	}
+	if Jitter(10*time.Second, 0) != 8*time.Second || Jitter(10*time.Second, 0.5) != 10*time.Second {
+		t.Error("jitter is not centred on the nominal delay")
+	}
+}
