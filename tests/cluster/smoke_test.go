@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -169,6 +171,50 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s runs as uid %v, want %d", ref, st.Image.Uid, uid)
 		}
 	}
+
+	// Registry faults reach containerd as they would from ghcr.io: a
+	// private repository needs the credentials a pull secret for ghcr.io
+	// carries, and one failed pull is one registry request.
+	reg := c.Registry()
+	reg.RequireAuth("private/*", "puller", "pw")
+	if err := c.Push(ctx, img, "private/smoke:v1", remote.WithAuth(&authn.Basic{Username: "puller", Password: "pw"})); err != nil {
+		t.Fatal(err)
+	}
+	private := &runtimeapi.ImageSpec{Image: "ghcr.io/private/smoke:v1"}
+	if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: private}); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("pull of a private image without credentials: err = %v, want a 401", err)
+	}
+	// containerd 1.6 uses the credentials only if ServerAddress is empty or
+	// a URL whose host is the registry's ("ghcr.io" alone is ignored).
+	for _, addr := range []string{"", "https://ghcr.io"} {
+		auth := &runtimeapi.AuthConfig{Username: "puller", Password: "pw", ServerAddress: addr}
+		if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: private, Auth: auth}); err != nil {
+			t.Errorf("pull of a private image with credentials (ServerAddress %q): %v", addr, err)
+		}
+		if _, err := cri.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: private}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flaky := registry.Match{Repo: "e2e/flaky", Kind: registry.Manifests}
+	if err := c.Push(ctx, img, "e2e/flaky:v1"); err != nil {
+		t.Fatal(err)
+	}
+	reg.ResetStats()
+	reg.Fail(flaky, 503, 2)
+	for i := range 3 {
+		_, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "ghcr.io/e2e/flaky:v1"}})
+		if (i < 2) != (err != nil) {
+			t.Errorf("pull %d of the flaky image: err = %v", i+1, err)
+		}
+	}
+	var statuses []int
+	for _, r := range reg.Requests(flaky) {
+		statuses = append(statuses, r.Status)
+	}
+	if len(statuses) < 3 || statuses[0] != 503 || statuses[1] != 503 || statuses[2] == 503 {
+		t.Errorf("manifest requests for the flaky image answered %v, want 503, 503, then success", statuses)
+	}
+	reg.ClearFaults()
 	cri.Close()
 
 	// Restarting a node's containerd keeps the pod running.

@@ -14,6 +14,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path"
 	"strings"
 	"sync"
@@ -155,9 +156,11 @@ func New() *Registry {
 	}
 }
 
-// Fail answers the first n requests for each distinct path that m matches
-// with status (404, 401, 429, 503, ...); later requests pass. n <= 0 fails
-// every matching request.
+// Fail answers the first n requests for each manifest or blob that m
+// matches with status (404, 401, 429, 503, ...); later requests pass.
+// Requests for a manifest by tag and by digest count together, since a
+// client resolves the tag and then fetches by digest. n <= 0 fails every
+// matching request.
 func (r *Registry) Fail(m Match, status, n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -276,12 +279,10 @@ func (r *Registry) Serve(l net.Listener) (stop func()) {
 	srv := &http.Server{Handler: r, ConnState: r.ConnState, ReadHeaderTimeout: 30 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	return func() {
+		// Clients of a test registry need no graceful goodbye, and a
+		// stalled transfer would hold a graceful shutdown up.
 		r.ReleaseStalls()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			_ = srv.Close()
-		}
+		_ = srv.Close()
 	}
 }
 
@@ -315,6 +316,10 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}()
 
 	rt, isRoute := parseRoute(req.URL.Path)
+	key := req.URL.Path
+	if isRoute {
+		key = r.objectKey(rt)
+	}
 	r.mu.Lock()
 	latency, limit := r.latency, r.limit
 	var authFor *creds
@@ -331,8 +336,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		for _, f := range r.fails {
 			if f.match.matches(rt, req.Method) {
-				f.seen[req.URL.Path]++
-				if f.n <= 0 || f.seen[req.URL.Path] <= f.n {
+				f.seen[key]++
+				if f.n <= 0 || f.seen[key] <= f.n {
 					failStatus = f.status
 					break
 				}
@@ -341,8 +346,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		if req.Method == http.MethodGet && rt.kind == Blobs {
 			for _, s := range r.stalls {
 				if s.match.matches(rt, req.Method) {
-					s.seen[req.URL.Path]++
-					if s.n <= 0 || s.seen[req.URL.Path] <= s.n {
+					s.seen[key]++
+					if s.n <= 0 || s.seen[key] <= s.n {
 						stallFor = s
 						break
 					}
@@ -397,6 +402,30 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		cw.ctx = req.Context()
 	}
 	r.inner.ServeHTTP(cw, req)
+}
+
+// objectKey names what a request is for: repository and digest, looking a
+// tag up in the registry itself so that tag and digest requests of one
+// manifest share a key. An unknown tag keys by the tag.
+func (r *Registry) objectKey(rt route) string {
+	if rt.kind != Manifests || strings.HasPrefix(rt.ref, "sha256:") {
+		return rt.repo + "@" + rt.ref
+	}
+	req := httptest.NewRequest(http.MethodHead, "/v2/"+rt.repo+"/manifests/"+rt.ref, nil)
+	req.Header.Set("Accept", strings.Join(manifestTypes, ","))
+	rec := httptest.NewRecorder()
+	r.inner.ServeHTTP(rec, req)
+	if d := rec.Header().Get("Docker-Content-Digest"); rec.Code == http.StatusOK && d != "" {
+		return rt.repo + "@" + d
+	}
+	return rt.repo + ":" + rt.ref
+}
+
+var manifestTypes = []string{
+	"application/vnd.oci.image.index.v1+json",
+	"application/vnd.oci.image.manifest.v1+json",
+	"application/vnd.docker.distribution.manifest.list.v2+json",
+	"application/vnd.docker.distribution.manifest.v2+json",
 }
 
 func codeFor(status int, kind Kind) string {

@@ -94,15 +94,34 @@ func TestFailFirstN(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Fatalf("statuses = %v, want %v", got, want)
 			}
-			// The count is per path: another manifest path fails on its own.
+			// The count is per manifest: another one fails on its own.
 			if code, _, _ := f.get(t, nil, "/v2/app/manifests/nope"); code != status {
-				t.Fatalf("first request for another path = %d, want %d", code, status)
+				t.Fatalf("first request for another manifest = %d, want %d", code, status)
 			}
 			// Blobs are not matched by a manifest rule.
 			if code, _, _ := f.get(t, nil, "/v2/app/blobs/"+f.layer.String()); code != http.StatusOK {
 				t.Fatalf("blob = %d, want 200", code)
 			}
 		})
+	}
+}
+
+// A client resolves a tag, then fetches by digest: both count against
+// the same manifest.
+func TestFailCountsTagAndDigestTogether(t *testing.T) {
+	f := newFixture(t)
+	d, err := f.img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.reg.Fail(registry.Match{Repo: "app", Kind: registry.Manifests}, http.StatusServiceUnavailable, 2)
+	got := []int{}
+	for _, p := range []string{"/v2/app/manifests/v1", "/v2/app/manifests/" + d.String(), "/v2/app/manifests/v1", "/v2/app/manifests/" + d.String()} {
+		code, _, _ := f.get(t, nil, p)
+		got = append(got, code)
+	}
+	if want := []int{503, 503, 200, 200}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("statuses = %v, want %v", got, want)
 	}
 }
 
