@@ -119,6 +119,8 @@ func destroy(s state) error {
 	if err := os.RemoveAll(s.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove run directory: %w", err))
 	}
+	// The base directory goes too once the last run is gone.
+	_ = os.Remove(filepath.Dir(s.Dir))
 	return errors.Join(errs...)
 }
 
