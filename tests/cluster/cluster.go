@@ -119,17 +119,26 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := preflight(opts); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(opts.BaseDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", opts.BaseDir, err)
-	}
-	if cleaned, err := CleanStale(ctx, opts.BaseDir); err != nil {
-		return nil, err
-	} else if len(cleaned) > 0 {
+	cleaned, err := CleanStale(ctx, opts.BaseDir)
+	if len(cleaned) > 0 {
 		fmt.Fprintf(opts.Progress, ">> cluster: removed runs left by crashed owners: %v\n", cleaned)
 	}
-	dir, err := os.MkdirTemp(opts.BaseDir, "r")
 	if err != nil {
-		return nil, fmt.Errorf("create run directory: %w", err)
+		// Not this run's problem; `cluster down -all` retries.
+		fmt.Fprintf(opts.Progress, ">> cluster: warning: %v\n", err)
+	}
+	var dir string
+	// Another run's teardown removes the base directory when it is empty;
+	// try again if that happens between the two calls.
+	for attempt := 0; ; attempt++ {
+		if err = os.MkdirAll(opts.BaseDir, 0o755); err == nil {
+			if dir, err = os.MkdirTemp(opts.BaseDir, "r"); err == nil {
+				break
+			}
+		}
+		if attempt == 3 {
+			return nil, fmt.Errorf("create run directory under %s: %w", opts.BaseDir, err)
+		}
 	}
 	c := &Cluster{
 		opts:    opts,
@@ -467,9 +476,30 @@ func (c *Cluster) Clientset() (*kubernetes.Clientset, error) {
 // with KUBECONFIG set to the admin kubeconfig, for kubectl, kustomize or the
 // project's own binaries.
 func (c *Cluster) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS.Path, "--", name}, args...)...)
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS.Path, "--", c.resolve(name)}, args...)...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
 	return cmd
+}
+
+// resolve prefers the kubectl `make kube` built (same version as the
+// cluster) over whatever kubectl is in PATH.
+func (c *Cluster) resolve(name string) string {
+	if name != "kubectl" {
+		return name
+	}
+	dir := c.opts.KubeBinDir
+	if dir == "" {
+		dir = DefaultKubeBinDir()
+	}
+	if p := filepath.Join(dir, "kubectl"); fileExists(p) {
+		return p
+	}
+	return name
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // Env is the environment a shell needs to use this cluster through Exec or

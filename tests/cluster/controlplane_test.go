@@ -81,6 +81,10 @@ data:
 		t.Fatalf("command in namespace: %v: %s", err, out)
 	}
 
+	if out, err := c.Command(ctx, "kubectl", "get", "--raw", "/readyz").CombinedOutput(); err != nil || string(out) != "ok" {
+		t.Fatalf("kubectl inside the namespace: %v: %s", err, out)
+	}
+
 	// An apiserver outage: requests fail, then everything is back.
 	if err := c.StopAPIServer(ctx); err != nil {
 		t.Fatal(err)

@@ -295,7 +295,7 @@ func (n *Node) inNode(argv ...string) []string {
 // Command prepares a command that runs inside the node: its mount
 // namespace (so /run/containerd is this node's) and the network namespace.
 func (n *Node) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	argv := n.inNode(append([]string{name}, args...)...)
+	argv := n.inNode(append([]string{n.c.resolve(name)}, args...)...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.c.Kubeconfig)
 	return cmd

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet
-# at KUBE_VERSION from the Go module proxy and caches them by version.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+# and kubectl at KUBE_VERSION from the Go module proxy and caches them by
+# version; only binaries missing from the cache are built.
 # k8s.io/kubernetes cannot be required directly without replacing every
 # staging module, hence the throwaway wrapper module.
 set -euo pipefail
 KUBE_VERSION=${KUBE_VERSION:-v1.36.3}
 CACHE=${KUBE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/image-prefetcher/kube/$KUBE_VERSION}
-BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
-ok=1
-for b in "${BINS[@]}"; do [ -x "$CACHE/$b" ] || ok=0; done
-if [ "$ok" = 1 ]; then echo "kube binaries $KUBE_VERSION cached in $CACHE"; exit 0; fi
+missing=()
+for b in "${BINS[@]}"; do [ -x "$CACHE/$b" ] || missing+=("$b"); done
+if [ "${#missing[@]}" = 0 ]; then echo "kube binaries $KUBE_VERSION cached in $CACHE"; exit 0; fi
 
 staging_version="v0.${KUBE_VERSION#v1.}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-echo ">> building Kubernetes $KUBE_VERSION binaries into $CACHE (first time only, ~6 min on 2 cores)"
+echo ">> building Kubernetes $KUBE_VERSION ${missing[*]} into $CACHE (first time only, ~6 min on 2 cores for all)"
 gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
 {
   echo "module kubebuild"
@@ -25,26 +26,24 @@ gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"G
   grep -oE '=> \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" | sed 's#=> ./staging/src/##' | sort -u |
     while read -r m; do echo "replace $m => $m $staging_version"; done
 } > go.mod
-cat > tools.go <<'EOT'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-EOT
+{
+  echo '//go:build tools'
+  echo
+  echo 'package tools'
+  echo
+  echo 'import ('
+  for b in "${missing[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$b\""; done
+  echo ')'
+} > tools.go
 GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
 GOFLAGS=-mod=mod go get "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-mkdir -p "$CACHE.tmp"
-for b in "${BINS[@]}"; do
+mkdir -p "$CACHE"
+for b in "${missing[@]}"; do
   echo ">> go build $b"
-  CGO_ENABLED=0 GOFLAGS=-mod=mod go build -tags tools -ldflags "$ldflags" -o "$CACHE.tmp/$b" "k8s.io/kubernetes/cmd/$b"
+  # Build beside the cache and rename, so that a cached binary is always whole.
+  CGO_ENABLED=0 GOFLAGS=-mod=mod go build -tags tools -ldflags "$ldflags" -o "$CACHE/.$b.tmp" "k8s.io/kubernetes/cmd/$b"
+  mv "$CACHE/.$b.tmp" "$CACHE/$b"
 done
-rm -rf "$CACHE"; mv "$CACHE.tmp" "$CACHE"
 echo ">> kube binaries ready in $CACHE"
