@@ -48,6 +48,13 @@ func TestFetchAllGood(t *testing.T) {
 	if !e.cri.HasImage("ghcr.io/extra/arg:3") {
 		t.Error("image given as argument not pulled")
 	}
+	// Outside a pod there is nowhere to record an Event: skipped, said at debug.
+	if !strings.Contains(e.logs.String(), "not recording an Event") {
+		t.Errorf("no debug line about the skipped Event:\n%s", e.logs)
+	}
+	if !strings.Contains(e.logs.String(), "runtime=fakecri version=v1.0.0") {
+		t.Errorf("runtime name and version not logged:\n%s", e.logs)
+	}
 	e.assertOthersUntouched()
 }
 
