@@ -64,9 +64,8 @@ func Decode(node *yaml.RNode) (*v1alpha1.ImagePrefetcher, Problems) {
 	if err != nil {
 		return nil, Problems{errorf("", "cannot read object: %v", err)}
 	}
-	if err := json.Unmarshal(raw, &generic); err != nil {
-		return nil, Problems{errorf("", "cannot read object: %v", err)}
-	}
+	// yaml.v3 gives map[string]any for string-keyed mappings, which is all
+	// the unknown-field walk needs.
 	var probs Problems
 	unknownFields(generic, reflect.TypeFor[v1alpha1.ImagePrefetcher](), "", &probs)
 	if len(probs) > 0 {

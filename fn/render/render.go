@@ -161,7 +161,9 @@ func Render(c Config) ([]*yaml.RNode, error) {
 		&corev1.ConfigMap{
 			TypeMeta:   typ("v1", "ConfigMap"),
 			ObjectMeta: meta(n.Namespaced, true),
-			Data:       map[string]string{v1alpha1.ImageListKey: c.ImageListText()},
+			// The list is set on the node below: a long string is slow to
+			// push through JSON and back.
+			Data: map[string]string{v1alpha1.ImageListKey: ""},
 		},
 		c.daemonSet(n, labels, meta(n.Namespaced, true)))
 	if c.AdmissionPolicy {
@@ -183,6 +185,14 @@ func Render(c Config) ([]*yaml.RNode, error) {
 		node, err := toNode(o)
 		if err != nil {
 			return nil, fmt.Errorf("render %T: %w", o, err)
+		}
+		if _, isCM := o.(*corev1.ConfigMap); isCM {
+			v, err := node.Pipe(yaml.Lookup("data", v1alpha1.ImageListKey))
+			if err != nil || v == nil {
+				return nil, fmt.Errorf("render ConfigMap: no data.%s", v1alpha1.ImageListKey)
+			}
+			v.YNode().Value = c.ImageListText()
+			v.YNode().Style = yaml.LiteralStyle
 		}
 		out = append(out, node)
 	}
@@ -242,6 +252,9 @@ func (c Config) flags(subcommand string) []string {
 	}
 	if c.MaxConcurrentNodes > 0 {
 		f = append(f, fmt.Sprintf("--max-concurrent-nodes=%d", c.MaxConcurrentNodes))
+	}
+	if c.SeedNodes > 0 {
+		f = append(f, fmt.Sprintf("--seed-nodes=%d", c.SeedNodes))
 	}
 	if subcommand == "watch" {
 		f = append(f, "--refresh-interval="+c.RefreshInterval.String())

@@ -53,6 +53,7 @@ type Config struct {
 	MaxRetry           time.Duration                `json:"maxRetryDelay"`
 	Policy             v1alpha1.PullPolicy          `json:"policy"`
 	MaxConcurrentNodes int32                        `json:"maxConcurrentNodes"`
+	SeedNodes          int32                        `json:"seedNodes,omitempty"`
 	MaxUnavailable     intstr.IntOrString           `json:"maxUnavailable"`
 	NodeLabel          bool                         `json:"nodeLabel"`
 	RefreshInterval    time.Duration                `json:"refreshInterval"`
@@ -268,6 +269,16 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 		c.MaxConcurrentNodes = *s.Pull.MaxConcurrentNodes
 		if c.MaxConcurrentNodes < 0 || c.MaxConcurrentNodes > maxConcurrentNodesCap {
 			p = append(p, errorf("spec.pull.maxConcurrentNodes", "must be between 0 (no cap) and %d, got %d", maxConcurrentNodesCap, c.MaxConcurrentNodes))
+		}
+	}
+
+	if s.Pull.SeedNodes != nil {
+		c.SeedNodes = *s.Pull.SeedNodes
+		switch {
+		case c.SeedNodes < 0:
+			p = append(p, errorf("spec.pull.seedNodes", "must not be negative, got %d", c.SeedNodes))
+		case c.SeedNodes > 0 && c.MaxConcurrentNodes == 0:
+			p = append(p, errorf("spec.pull.seedNodes", "needs spec.pull.maxConcurrentNodes > 0: seeding works through the concurrency slots"))
 		}
 	}
 

@@ -103,6 +103,10 @@ type Pull struct {
 	// MaxConcurrentNodes caps how many nodes pull at the same time across
 	// the cluster; 0 means no cap.
 	MaxConcurrentNodes *int32 `json:"maxConcurrentNodes,omitempty"`
+	// SeedNodes lets the first N nodes to get a slot pull alone, so that an
+	// in-cluster mirror can serve the rest; needs MaxConcurrentNodes > 0.
+	// 0 (the default) turns seeding off. See docs/herd.md.
+	SeedNodes *int32 `json:"seedNodes,omitempty"`
 }
 
 // Rollout tunes how the DaemonSet rolls when the list or settings change.

@@ -175,6 +175,8 @@ var errorCases = []struct {
 	{name: "initial-retry-above-max", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialRetryDelay: 5m\n"},
 	{name: "pull-policy-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    policy: Never\n"},
 	{name: "max-concurrent-nodes-out-of-range", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: -1\n"},
+	{name: "seed-nodes-negative", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 3\n    seedNodes: -1\n"},
+	{name: "seed-nodes-without-cap", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    seedNodes: 1\n"},
 	{name: "max-unavailable-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: 0%\n"},
 	{name: "conflicting-object", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- apiVersion: v1\n  kind: ServiceAccount\n  metadata:\n    name: image-prefetcher-demo\n    namespace: prefetch\n"},
