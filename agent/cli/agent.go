@@ -139,9 +139,12 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	a.entries = list.Entries
 
 	provider := &creds.Provider{Log: log}
+	// An unusable pull secret or plugin config is logged and skipped rather
+	// than fatal: the images that needed it then fail as Unauthorized, and
+	// the label says so, where a crash loop would leave no label at all.
 	for _, p := range f.dockerConfigs {
 		if err := creds.LoadDockerConfig(&provider.Keyring, p); err != nil {
-			return nil, err
+			log.Error("pull secret unusable; continuing without it", "err", err)
 		}
 	}
 	if f.providerConfig != "" {
@@ -150,7 +153,7 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 		}
 		plugins, err := creds.LoadProviderConfig(f.providerConfig, f.providerBinDir)
 		if err != nil {
-			return nil, err
+			log.Error("credential provider config unusable; continuing without plugins", "err", err)
 		}
 		provider.Plugins = plugins
 	}

@@ -317,3 +317,16 @@ func TestFetchUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestFetchUnusablePullSecretIsSkipped(t *testing.T) {
+	e := newEnv(t)
+	if code := e.run(e.agentArgs("fetch", "--docker-config="+t.TempDir(), "--docker-config=/does/not/exist", "x:1")...); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, e.logs)
+	}
+	if v, _, _ := e.state(); v != "succeeded" {
+		t.Errorf("label %q", v)
+	}
+	if !strings.Contains(e.logs.String(), "pull secret unusable") {
+		t.Errorf("logs:\n%s", e.logs)
+	}
+}
