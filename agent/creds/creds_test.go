@@ -260,3 +260,18 @@ func FuzzParseDockerConfig(f *testing.F) {
 		}
 	})
 }
+
+func TestServerAddressHasSchemeAndTheHostContainerdContacts(t *testing.T) {
+	p := &Provider{}
+	p.Keyring.Add("https://index.docker.io/v1/", Credential{Username: "hub", Password: "x"})
+	p.Keyring.Add("r.example.com:5000", Credential{Username: "r", Password: "x"})
+	for image, want := range map[string]string{
+		"docker.io/library/debian:latest": "https://registry-1.docker.io",
+		"r.example.com:5000/a/b:1":        "https://r.example.com:5000",
+	} {
+		got := p.Lookup(context.Background(), image)
+		if len(got) != 1 || got[0].ServerAddress != want {
+			t.Errorf("%s: %v, want server %s", image, got, want)
+		}
+	}
+}

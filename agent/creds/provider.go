@@ -39,6 +39,11 @@ func (p *Provider) Lookup(ctx context.Context, image string) []cri.Auth {
 	if err != nil {
 		return nil
 	}
+	// containerd compares the address's host with the host it is about to
+	// contact, and for Docker Hub that is registry-1.docker.io.
+	if host == "docker.io" {
+		host = "registry-1.docker.io"
+	}
 	out := make([]cri.Auth, 0, len(creds))
 	for _, c := range creds {
 		log.Debug("credential matches", "image", image, "credential", c)
