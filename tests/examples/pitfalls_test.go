@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
 // The pitfalls docs/integrations.md warns about, each shown with the real
@@ -31,9 +33,12 @@ func write(t *testing.T, path, content string) {
 // the function instead of expanding the ImagePrefetcher.
 func TestPitfallKubectlKustomize(t *testing.T) {
 	tl := findTools(t)
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Fatal("kubectl not found on PATH: install kubectl (https://kubernetes.io/docs/tasks/tools/) to run this test")
+	// The kubectl `make kube` builds, of the cluster's version; else PATH's.
+	kubectl := filepath.Join(cluster.DefaultKubeBinDir(), "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		if kubectl, err = exec.LookPath("kubectl"); err != nil {
+			t.Fatal("kubectl not found in $KUBE_BIN_DIR or on PATH: run `make kube`")
+		}
 	}
 	tmp := t.TempDir()
 	tl.copyTree(t, "kustomize", tmp)
