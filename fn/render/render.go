@@ -335,7 +335,7 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 		annotations[requiredSCCAnnotation] = n.Cluster
 		// spc_t lets a confined container reach the runtime socket, whose
 		// SELinux label container_t may not connect to.
-		podSC.SELinuxOptions = &corev1.SELinuxOptions{Type: "spc_t"}
+		podSC.SELinuxOptions = sccSELinux()
 	}
 	mu := c.MaxUnavailable
 	return &appsv1.DaemonSet{
@@ -461,10 +461,19 @@ func (c Config) scc(meta metav1.ObjectMeta) *securityContextConstraints {
 		RequiredDropCapabilities: []string{"ALL"},
 		// UID 0 for the root-owned CRI socket; see the DaemonSet.
 		RunAsUser:          sccStrategy{Type: "MustRunAs", UID: &root},
-		SELinuxContext:     sccStrategy{Type: "MustRunAs", SELinuxOptions: &corev1.SELinuxOptions{Type: "spc_t"}},
+		SELinuxContext:     sccStrategy{Type: "MustRunAs", SELinuxOptions: sccSELinux()},
 		FSGroup:            sccStrategy{Type: "RunAsAny"},
 		SupplementalGroups: sccStrategy{Type: "RunAsAny"},
 		SeccompProfiles:    []string{"runtime/default"},
 		Volumes:            []string{"configMap", "downwardAPI", "emptyDir", "hostPath", "projected", "secret"},
 	}
+}
+
+// sccSELinux is the SELinux context of the pod, and the one the SCC
+// requires. A MustRunAs SCC without a level takes the level from the
+// namespace (openshift.io/sa.scc.mcs) and then rejects a pod whose
+// seLinuxOptions name a type but no level; a fixed level on both sides
+// keeps them equal. spc_t is not confined by MCS categories anyway.
+func sccSELinux() *corev1.SELinuxOptions {
+	return &corev1.SELinuxOptions{Type: "spc_t", Level: "s0"}
 }
