@@ -12,14 +12,11 @@ import (
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
-// removeBudget keeps label removal inside the 5 s a terminating pod has
-// before anyone expects it gone.
-const removeBudget = 3 * time.Second
-
 func newWatch(deps *Deps) *cobra.Command {
 	f := &agentFlags{}
 	var refresh time.Duration
 	var removeOnExit bool
+	var removeBudget time.Duration
 	cmd := &cobra.Command{
 		Use:   "watch [flags] [IMAGE...]",
 		Short: "Keep the images present and the node label truthful until SIGTERM (the main container)",
@@ -58,6 +55,9 @@ func newWatch(deps *Deps) *cobra.Command {
 	f.register(cmd, deps.Getenv)
 	cmd.Flags().DurationVar(&refresh, "refresh-interval", 10*time.Minute, "how often images and the label are checked (±10% jitter); 0 disables the checks")
 	cmd.Flags().BoolVar(&removeOnExit, "remove-label-on-exit", true, "remove this instance's node label and annotation on SIGTERM")
+	// 3s keeps the whole shutdown inside 5s, even with the API server down.
+	cmd.Flags().DurationVar(&removeBudget, "remove-label-timeout", 3*time.Second, "how long removing the label on SIGTERM may retry")
+	_ = cmd.Flags().MarkHidden("remove-label-timeout")
 	return cmd
 }
 
@@ -85,6 +85,9 @@ func (a *agent) check(ctx context.Context) {
 		return
 	}
 	value, cur, ok, err := a.labeler.Current(ctx)
+	if ctx.Err() != nil {
+		return
+	}
 	if err != nil {
 		a.log.Warn("reading the node label failed; rewriting it", "err", err)
 	}

@@ -2,11 +2,15 @@ package cli
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
@@ -142,5 +146,26 @@ func TestSleepWaitsForSIGTERM(t *testing.T) {
 	<-e.ready
 	if code := e.sigterm(done); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+func TestWatchExitsOnSIGTERMWhileTheAPIServerIsDown(t *testing.T) {
+	e := newEnv(t)
+	done := e.startWatch("--refresh-interval=5ms", "--remove-label-timeout=50ms", "app:1")
+	waitFor(t, "label succeeded", e.labelIs("succeeded"))
+	e.kube.PrependReactor("*", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("down")
+	})
+	// The label drifts, so the next checks keep trying to rewrite it.
+	e.cri.DeleteImage("docker.io/library/app:1")
+	e.cri.SetBehavior("docker.io/library/app:1", func(context.Context, int, *runtimeapi.PullImageRequest) error {
+		return fakecri.NotFound("docker.io/library/app:1")
+	})
+	waitFor(t, "a failing rewrite", func() bool { return strings.Contains(e.logs.String(), "patching node failed") })
+	if code := e.sigterm(done); code != ExitError {
+		t.Errorf("exit %d, want %d: the label could not be removed", code, ExitError)
+	}
+	if !strings.Contains(e.logs.String(), "removing the node label failed") {
+		t.Errorf("logs:\n%s", e.logs)
 	}
 }

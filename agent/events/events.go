@@ -66,7 +66,7 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 		Count:          1,
 		Source:         corev1.EventSource{Component: r.Component, Host: r.Host},
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := r.Client.CoreV1().Events(r.Namespace).Create(actx, ev, metav1.CreateOptions{}); err != nil {
 		log.Warn("recording Event failed", "pod", fmt.Sprintf("%s/%s", r.Namespace, r.Pod), "reason", reason, "err", err)

@@ -176,7 +176,7 @@ func (l *Labeler) Remove(ctx context.Context, budget time.Duration) error {
 // Current returns the label value and the parsed annotation on the node.
 // ok is false when the label or annotation is missing or unreadable.
 func (l *Labeler) Current(ctx context.Context) (value string, s Summary, ok bool, err error) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.attemptTimeout())
+	actx, cancel := context.WithTimeout(ctx, l.attemptTimeout())
 	defer cancel()
 	node, err := l.Client.CoreV1().Nodes().Get(actx, l.Node, metav1.GetOptions{})
 	if err != nil {
@@ -205,9 +205,11 @@ func (l *Labeler) attemptTimeout() time.Duration {
 	return l.AttemptTimeout
 }
 
-// patch sends a merge patch. Each attempt gets a fresh context detached
-// from ctx's cancellation: labeling must still happen while the process is
-// shutting down, and an expired context would make every retry fail at once.
+// patch sends a merge patch. Each attempt gets a fresh context with its own
+// timeout, detached from ctx's deadline and cancellation, so that no attempt
+// is made on an already expired context. Retries go on while ctx is live and
+// the budget lasts; callers that must finish while shutting down (removing
+// the label on SIGTERM) pass a context that is never cancelled.
 func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration) error {
 	body, err := json.Marshal(patch)
 	if err != nil {
@@ -221,7 +223,14 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 	}
 	sleep := l.Sleep
 	if sleep == nil {
-		sleep = time.Sleep
+		sleep = func(d time.Duration) {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
 	}
 	for attempt := 1; ; attempt++ {
 		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
@@ -233,6 +242,9 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		}
 		if !Retryable(err) {
 			return fmt.Errorf("patch node %s: %w", l.Node, err)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("patch node %s: stopped retrying: %w", l.Node, err)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

@@ -85,7 +85,7 @@ func TestApplyAndRemoveTouchOnlyOwnKey(t *testing.T) {
 	}
 }
 
-func TestApplyRetriesTransientErrorsEvenWithCancelledContext(t *testing.T) {
+func TestApplyRetriesTransientErrors(t *testing.T) {
 	c := fake.NewClientset(nodes()...)
 	fails := 0
 	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -102,9 +102,7 @@ func TestApplyRetriesTransientErrorsEvenWithCancelledContext(t *testing.T) {
 	})
 	var waits []time.Duration
 	l := &Labeler{Client: c, Node: "n1", Key: key, Sleep: func(d time.Duration) { waits = append(waits, d) }}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := l.Apply(ctx, NewSummary(1, 1, nil, time.Second, time.Now())); err != nil {
+	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	if get(t, c, "n1").Labels[key] != "succeeded" {
@@ -171,5 +169,24 @@ func TestSummaryCapsFailures(t *testing.T) {
 	}
 	if empty := NewSummary(0, 0, nil, 0, time.Now()); empty.Value() != "succeeded" {
 		t.Error("an empty list is trivially succeeded")
+	}
+}
+
+func TestCancelledContextGetsOneFreshAttemptAndNoRetries(t *testing.T) {
+	c := fake.NewClientset(nodes()...)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// The attempt is still made, on a fresh context.
+	l := &Labeler{Client: c, Node: "n1", Key: key, Sleep: func(time.Duration) { t.Error("slept after cancel") }}
+	if err := l.Remove(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		calls++
+		return true, nil, apierrors.NewServiceUnavailable("down")
+	})
+	if err := l.Apply(ctx, NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || calls != 1 {
+		t.Errorf("err %v after %d calls, want one attempt then a stop", err, calls)
 	}
 }
