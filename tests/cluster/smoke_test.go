@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -213,6 +215,36 @@ func TestSmoke(t *testing.T) {
 	}
 	if len(statuses) < 3 || statuses[0] != 503 || statuses[1] != 503 || statuses[2] == 503 {
 		t.Errorf("manifest requests for the flaky image answered %v, want 503, 503, then success", statuses)
+	}
+	reg.ClearFaults()
+
+	// A stalled blob holds a pull until the caller's deadline; the next
+	// attempt gets the blob.
+	data, err := ociimage.Data(42, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Push(ctx, data, "e2e/stall:v1"); err != nil {
+		t.Fatal(err)
+	}
+	layers, err := data.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := layers[0].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Stall(registry.Match{Repo: "e2e/stall", Ref: layer.String()}, 1, 0)
+	stalled := &runtimeapi.ImageSpec{Image: "ghcr.io/e2e/stall:v1"}
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = cri.Images.PullImage(sctx, &runtimeapi.PullImageRequest{Image: stalled})
+	scancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("pull with a stalled blob: err = %v, want DeadlineExceeded", err)
+	}
+	if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: stalled}); err != nil {
+		t.Errorf("pull after the stall: %v", err)
 	}
 	reg.ClearFaults()
 	cri.Close()

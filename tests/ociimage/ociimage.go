@@ -26,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -185,13 +186,10 @@ func Data(seed int64, layerSizes ...int64) (v1.Image, error) {
 		if err := tw.Close(); err != nil {
 			return nil, fmt.Errorf("write tar: %w", err)
 		}
-		tarBytes := buf.Bytes()
-		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-			return io.NopCloser(bytes.NewReader(tarBytes)), nil
-		}, tarball.WithMediaType(types.OCIUncompressedLayer))
-		if err != nil {
-			return nil, fmt.Errorf("make layer: %w", err)
-		}
+		// A static layer serves the tar as is; a tarball layer would gzip it
+		// on the wire whatever media type it is labelled with.
+		layer := static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer)
+		var err error
 		if img, err = mutate.AppendLayers(img, layer); err != nil {
 			return nil, fmt.Errorf("append layer: %w", err)
 		}

@@ -90,6 +90,23 @@ func TestBuildBinary(t *testing.T) {
 			if err != nil || mt != types.OCIManifestSchema1 {
 				t.Errorf("manifest media type = %s (%v), want OCI", mt, err)
 			}
+			layers, err := img.Layers()
+			if err != nil || len(layers) != 1 {
+				t.Fatalf("layers: %v %v", layers, err)
+			}
+			if mt, _ := layers[0].MediaType(); mt != types.OCILayer {
+				t.Errorf("layer media type %s, want %s", mt, types.OCILayer)
+			}
+			rc, err := layers[0].Compressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			magic := make([]byte, 2)
+			_, err = io.ReadFull(rc, magic)
+			rc.Close()
+			if err != nil || magic[0] != 0x1f || magic[1] != 0x8b {
+				t.Errorf("gzip layer does not start with the gzip magic: %x %v", magic, err)
+			}
 			fs := files(t, img)
 			h, ok := fs["usr/local/bin/"+tt.name]
 			if !ok {
@@ -205,6 +222,21 @@ func TestData(t *testing.T) {
 		// An uncompressed tar holds the file plus headers and padding.
 		if size < sizes[i] {
 			t.Errorf("layer %d is %d bytes, want at least %d", i, size, sizes[i])
+		}
+		// What goes on the wire must be what the media type says: a
+		// plain tar holding one file of the asked size.
+		mt, err := l.MediaType()
+		if err != nil || mt != types.OCIUncompressedLayer {
+			t.Errorf("layer %d media type %s (%v)", i, mt, err)
+		}
+		rc, err := l.Compressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := tar.NewReader(rc).Next()
+		rc.Close()
+		if err != nil || h.Size != sizes[i] {
+			t.Errorf("layer %d on the wire is not a tar of one %d-byte file: %v %+v", i, sizes[i], err, h)
 		}
 	}
 }
