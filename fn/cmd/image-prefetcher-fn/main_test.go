@@ -337,3 +337,18 @@ func TestRenderedInvariants(t *testing.T) {
 		})
 	}
 }
+
+func TestArguments(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(strings.NewReader(""), &out, &errb, []string{"--version"}); code != 0 || strings.TrimSpace(out.String()) == "" {
+		t.Errorf("--version: exit %d, output %q", code, out.String())
+	}
+	out.Reset()
+	if code := run(strings.NewReader(""), &out, &errb, []string{"build"}); code != 2 || !strings.Contains(errb.String(), "reads a ResourceList on stdin") {
+		t.Errorf("unexpected argument: exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	if code := run(strings.NewReader("kind: NotAList\n"), &out, &errb, nil); code != 1 || !strings.Contains(errb.String(), "ResourceList") {
+		t.Errorf("bad input: exit %d, stderr %q", code, errb.String())
+	}
+}
