@@ -178,7 +178,7 @@ func preflight(opts Options) error {
 			missing = append(missing, fmt.Sprintf("%s (not in %s: run `make kube`)", b, opts.KubeBinDir))
 		}
 	}
-	tools := []string{"etcd", "nsenter", "unshare", "ip", "sysctl"}
+	tools := []string{"etcd", "nsenter", "unshare", "ip"}
 	if opts.Nodes > 0 {
 		tools = append(tools, "containerd", "containerd-shim-runc-v2", "runc", "iptables", "mount")
 	}

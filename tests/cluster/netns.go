@@ -104,7 +104,7 @@ func createNetNS(ctx context.Context, path string, addrs []string) (*NetNS, erro
 	for _, a := range addrs {
 		script += " ip addr add " + a + "/24 dev veth0;"
 	}
-	script += " ip route add default dev veth0; sysctl -qw net.ipv4.ip_forward=1"
+	script += " ip route add default dev veth0; echo 1 > /proc/sys/net/ipv4/ip_forward"
 	if err := run(ctx, "nsenter", "--net="+path, "sh", "-c", script); err != nil {
 		return ns, fmt.Errorf("configure network namespace: %w", err)
 	}

@@ -28,6 +28,11 @@ import (
 // on both, checks it through the API and each node's CRI, then checks that
 // teardown leaves nothing behind.
 func TestSmoke(t *testing.T) {
+	// The namespace's own network settings must not leak to the host's.
+	hostForward, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Options{Nodes: 2})
@@ -276,6 +281,9 @@ func TestSmoke(t *testing.T) {
 	// them, the kubelet's sysctls (compared with the values saved at start).
 	if left := c.Leftovers(); len(left) > 0 {
 		t.Fatalf("teardown left behind:\n  %s", strings.Join(left, "\n  "))
+	}
+	if now, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err != nil || string(now) != string(hostForward) {
+		t.Errorf("host net.ipv4.ip_forward changed from %q to %q (%v)", hostForward, now, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "netns")); !os.IsNotExist(err) {
 		t.Errorf("network namespace file still there: %v", err)
