@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kptdev/krm-functions-sdk/go/fn"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -83,6 +86,40 @@ func TestAdmissionPolicyOnAPIServer(t *testing.T) {
 		}
 		if _, err := c.Apply(ctx, []byte(strings.Join(docs, "\n---\n")), cluster.ApplyOptions{DryRun: true}); err != nil {
 			t.Errorf("dry-run apply of %s: %v", golden, err)
+		}
+	}
+
+	// So is every golden render of the function's own tests, which covers
+	// every field (affinity, tolerations, credential provider, pull
+	// secrets, resources, priority class, Lease RBAC, ocp pod settings).
+	goldens, err := filepath.Glob("../../fn/cmd/image-prefetcher-fn/testdata/render/*.out.yaml")
+	if err != nil || len(goldens) == 0 {
+		t.Fatalf("no function goldens found: %v", err)
+	}
+	for _, file := range goldens {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rl, err := fn.ParseResourceList(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var docs []string
+		for _, it := range rl.Items {
+			if it.GetLabel("app.kubernetes.io/managed-by") != "image-prefetcher-fn" || it.GetKind() == "SecurityContextConstraints" {
+				continue
+			}
+			if ns := it.GetNamespace(); ns != "" {
+				_, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+				if err != nil && !apierrors.IsAlreadyExists(err) {
+					t.Fatal(err)
+				}
+			}
+			docs = append(docs, it.String())
+		}
+		if _, err := c.Apply(ctx, []byte(strings.Join(docs, "---\n")), cluster.ApplyOptions{DryRun: true}); err != nil {
+			t.Errorf("dry-run apply of %s: %v", filepath.Base(file), err)
 		}
 	}
 
