@@ -1,8 +1,11 @@
 package render
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -410,15 +413,6 @@ func checkMaxUnavailable(v intstr.IntOrString) string {
 	return ""
 }
 
-func sortedKeys[M ~map[K]V, K ~string, V any](m M) []K {
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && out[j] < out[j-1]; j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
-	return out
+func sortedKeys[M ~map[K]V, K cmp.Ordered, V any](m M) []K {
+	return slices.Sorted(maps.Keys(m))
 }
