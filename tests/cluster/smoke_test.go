@@ -109,6 +109,39 @@ func TestSmoke(t *testing.T) {
 		t.Fatalf("pods run on %v, want one on each node", podNodes)
 	}
 
+	// From a pod on each node, the API answers at the kubernetes Service
+	// address with the pod's own token: the path the agent takes.
+	probeBin, err := cluster.ProbeBinary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := ociimage.Build(ociimage.Binary(probeBin, "65532:65532"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Push(ctx, probe, "e2e/probe:v1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes() {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "probe-" + n.Name, Namespace: ns},
+			Spec: corev1.PodSpec{
+				NodeName:      n.Name,
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers:    []corev1.Container{{Name: "probe", Image: "ghcr.io/e2e/probe:v1"}},
+			},
+		}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.Nodes() {
+		phase, err := waitPodDone(ctx, c, ns, "probe-"+n.Name)
+		if err != nil || phase != corev1.PodSucceeded {
+			t.Errorf("API probe on %s: phase %s (%v)", n.Name, phase, err)
+		}
+	}
+
 	// Through the API: nodes carry their own labels.
 	for _, n := range c.Nodes() {
 		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
@@ -296,6 +329,30 @@ func TestSmoke(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// waitPodDone waits until the pod has succeeded or failed.
+func waitPodDone(ctx context.Context, c *cluster.Cluster, ns, name string) (corev1.PodPhase, error) {
+	cs, err := c.Clientset()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
+			return p.Status.Phase, nil
+		}
+		select {
+		case <-ctx.Done():
+			if p != nil {
+				return p.Status.Phase, ctx.Err()
+			}
+			return "", ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
 
 // existedBefore records host paths a cluster could create, before any test.
 var existedBefore = func() map[string]bool {
