@@ -1,0 +1,92 @@
+// Command bench runs the herd-control benchmark (see tests/bench) and
+// writes its report and plot. `make bench` runs it as root.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		opts      bench.Options
+		sizes     string
+		configs   string
+		bandwidth float64
+		out       string
+		plotFile  string
+	)
+	flag.IntVar(&opts.Nodes, "nodes", 12, "simulated nodes, each a containerd and an agent")
+	flag.StringVar(&sizes, "image-sizes", "5,8,10,14,18,22,27,33,40,50", "comma-separated image sizes in MiB")
+	flag.Float64Var(&bandwidth, "bandwidth", 50, "registry bandwidth cap in MiB/s for all responses together")
+	flag.DurationVar(&opts.Latency, "latency", 10*time.Millisecond, "latency added to every registry response")
+	flag.IntVar(&opts.Parallelism, "parallelism", 4, "agent --parallelism (images at once per node)")
+	flag.IntVar(&opts.MaxConcurrentDownloads, "max-concurrent-downloads", 1, "containerd max_concurrent_downloads (blobs at once per image)")
+	flag.StringVar(&configs, "configs", "nocap,k2,k5,seed1", "configurations: nocap, k<K>, seed<N> (with K=5) or seed<N>k<K>")
+	flag.StringVar(&opts.Agent, "agent", "bin/image-prefetcher", "the agent binary")
+	flag.Int64Var(&opts.Seed, "seed", 1, "seed of the image contents")
+	flag.DurationVar(&opts.RunTimeout, "run-timeout", 10*time.Minute, "time allowed for one run of the agents")
+	flag.StringVar(&opts.LogDir, "keep-logs", "", "copy component and agent logs into this directory")
+	flag.StringVar(&out, "out", "docs/benchmarks.md", "report to write")
+	flag.StringVar(&plotFile, "plot", "docs/benchmarks-completion.png", "plot to write (PNG)")
+	flag.Parse()
+
+	for _, s := range strings.Split(sizes, ",") {
+		mib, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || mib <= 0 {
+			return fmt.Errorf("bad image size %q", s)
+		}
+		opts.ImageSizes = append(opts.ImageSizes, int64(mib*bench.MiB))
+	}
+	opts.Bandwidth = int64(bandwidth * bench.MiB)
+	cfgs, err := bench.ParseConfigs(configs)
+	if err != nil {
+		return err
+	}
+	opts.Configs = cfgs
+
+	// Ctrl-C or SIGTERM cancels the runs; teardown still happens.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := bench.Measure(ctx, opts)
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(filepath.Dir(out), plotFile)
+	if err != nil {
+		rel = plotFile
+	}
+	rep.PlotFile = rel
+	if err := rep.WritePlot(plotFile); err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	fmt.Printf("wrote %s and %s\n", out, plotFile)
+	for _, c := range rep.Checks() {
+		met := "met"
+		if !c.OK {
+			met = "NOT met"
+		}
+		fmt.Printf("  %-22s %-40s %-12s %s\n", c.Run, c.Target, c.Value, met)
+	}
+	return nil
+}
