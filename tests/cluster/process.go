@@ -155,6 +155,9 @@ func waitFor(ctx context.Context, what string, watch []*proc, cond func(context.
 			return nil
 		}
 		for _, p := range watch {
+			if p == nil {
+				continue // not ours to watch (an attached cluster)
+			}
 			if done, _ := p.exited(); done {
 				return fmt.Errorf("waiting for %s: %w", what, p.errExited())
 			}
