@@ -79,4 +79,14 @@ e2e: build tools host-deps kube
 	@echo ">> tests against real components"
 	go test -p 1 -timeout 60m -v ./tests/... 2>&1 | grep -E --line-buffered '^(=== RUN|--- |PASS|FAIL|ok|panic|>> |\s+[a-z_]+\.go:[0-9]+:)' 
 
+## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------
+# Herd control against a simulated cluster: a real kube-apiserver, many
+# containerd nodes, the real agent, a bandwidth-capped registry. Needs root;
+# takes about 10 minutes. Writes docs/benchmarks.md and its plot.
+.PHONY: bench
+BENCH_FLAGS ?=
+bench: build host-deps kube
+	@echo ">> benchmark"
+	go run ./tests/bench/cmd/bench -agent $(BIN)/image-prefetcher -out docs/benchmarks.md -plot docs/benchmarks-completion.png $(BENCH_FLAGS)
+
 FORCE:

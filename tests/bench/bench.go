@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -182,7 +183,7 @@ func (b *bench) measure(ctx context.Context) (*Report, error) {
 	// to fill the cap.
 	b.progress("calibration: one node, no bandwidth cap")
 	reg.SetBandwidth(0)
-	calib, err := b.runOnce(ctx, Config{Name: "calibration"}, b.nodes[:1], false)
+	calib, err := b.runOnce(ctx, Config{Name: calibrationName}, b.nodes[:1], false)
 	if err != nil {
 		return nil, fmt.Errorf("calibration: %w", err)
 	}
@@ -284,6 +285,9 @@ func (b *bench) runOnce(ctx context.Context, cfg Config, nodes []*cluster.Node, 
 			return run, fmt.Errorf("agents did not finish within %s (logs in %s)", b.opts.RunTimeout, b.dir)
 		}
 		watch.sample(rctx)
+		for _, a := range agents {
+			a.sampleRSS()
+		}
 	}
 	// Labels written just before an agent exited.
 	watch.sample(ctx)
@@ -313,7 +317,7 @@ func (b *bench) runOnce(ctx context.Context, cfg Config, nodes []*cluster.Node, 
 		if a.err != nil {
 			failures = append(failures, fmt.Sprintf("%s agent: %v", nodes[i].Name, a.err))
 		}
-		b.cap.AgentPeakRSS = max(b.cap.AgentPeakRSS, a.maxRSS)
+		b.cap.AgentPeakRSS = max(b.cap.AgentPeakRSS, a.maxRSS.Load())
 	}
 	b.progress("%s, %s: all labeled after %.1fs; registry: %d requests, %s, peak %d conns, %d blob transfers; peak slot holders %d",
 		cfg.Describe(), which, run.Last().Seconds(), run.Requests, size(run.Bytes), run.PeakConns, run.PeakBlobTransfers, run.PeakSlotHolders)
@@ -349,10 +353,25 @@ func (b *bench) measureNodes() {
 }
 
 type agentProc struct {
-	done   chan struct{}
-	err    error
-	maxRSS int64
+	pid  int
+	done chan struct{}
+	err  error
+	// maxRSS is sampled from /proc while the agent runs: the rusage of
+	// a child forked from this big process would count the parent's
+	// pages it shared until exec.
+	maxRSS atomic.Int64
 	kill   func()
+}
+
+func (a *agentProc) sampleRSS() {
+	select {
+	case <-a.done:
+		return
+	default:
+	}
+	if v := peakRSS(a.pid); v > a.maxRSS.Load() {
+		a.maxRSS.Store(v)
+	}
 }
 
 func (b *bench) startAgent(ctx context.Context, cfg Config, n *cluster.Node, instance string, second bool) (*agentProc, error) {
@@ -388,15 +407,12 @@ func (b *bench) startAgent(ctx context.Context, cfg Config, n *cluster.Node, ins
 		f.Close()
 		return nil, fmt.Errorf("start agent on %s: %w", n.Name, err)
 	}
-	a := &agentProc{done: make(chan struct{}), kill: func() { _ = cmd.Process.Kill() }}
+	a := &agentProc{pid: cmd.Process.Pid, done: make(chan struct{}), kill: func() { _ = cmd.Process.Kill() }}
 	go func() {
 		defer close(a.done)
 		defer f.Close()
 		if err := cmd.Wait(); err != nil {
 			a.err = fmt.Errorf("%w (log %s)", err, logPath)
-		}
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			a.maxRSS = ru.Maxrss * 1024
 		}
 	}()
 	return a, nil

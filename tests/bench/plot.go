@@ -36,6 +36,12 @@ func (r Report) Plot() (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Nodes labeled over time: %d nodes, %s each, registry capped at %s",
 		r.Nodes, size(r.SetBytes()), rate(float64(r.Bandwidth)))
+	p.Title.TextStyle.Font.Size = vg.Points(15)
+	p.X.Label.TextStyle.Font.Size = vg.Points(13)
+	p.Y.Label.TextStyle.Font.Size = vg.Points(13)
+	p.X.Tick.Label.Font.Size = vg.Points(11)
+	p.Y.Tick.Label.Font.Size = vg.Points(11)
+	p.Legend.TextStyle.Font.Size = vg.Points(12)
 	p.X.Label.Text = "seconds since the agents started"
 	p.Y.Label.Text = "nodes labeled"
 	p.Y.Min, p.Y.Max = 0, float64(r.Nodes)+0.5
@@ -64,7 +70,7 @@ func (r Report) Plot() (*plot.Plot, error) {
 		l.Color = palette[i%len(palette)]
 		l.Width = vg.Points(2)
 		p.Add(l)
-		ratio := Ratio(run.Last(), Ideal(run.Bytes, r.Bandwidth))
+		ratio := Ratio(run.Last(), r.RunIdeal(run))
 		label := run.Config.Describe()
 		if ratio == ratio { // not NaN
 			label = fmt.Sprintf("%s: %.1f s (%.2f × ideal)", label, run.Last().Seconds(), ratio)

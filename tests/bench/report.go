@@ -24,9 +24,14 @@ type Config struct {
 	SeedNodes int
 }
 
+// calibrationName names the run that measures one node alone.
+const calibrationName = "calibration"
+
 // Describe says what the configuration does, for the table.
 func (c Config) Describe() string {
 	switch {
+	case c.Name == calibrationName:
+		return "calibration (one node, registry uncapped)"
 	case c.MaxConcurrentNodes == 0:
 		return "no cap"
 	case c.SeedNodes > 0:
@@ -150,6 +155,22 @@ type Report struct {
 	PlotFile string
 }
 
+// NeededBytes is what a run must transfer at least: the whole set to
+// every node on empty nodes, nothing when everything is present.
+func (r Report) NeededBytes(run Run) int64 {
+	if run.Second {
+		return 0
+	}
+	return int64(r.Nodes) * r.SetBytes()
+}
+
+// RunIdeal is the ideal of a run: its needed bytes over the cap. Bytes
+// that a run fetched twice (an attempt cancelled on its timeout and
+// retried) count against it, not into the ideal.
+func (r Report) RunIdeal(run Run) time.Duration {
+	return Ideal(r.NeededBytes(run), r.Bandwidth)
+}
+
 // SetBytes is what one node pulls: the whole image set.
 func (r Report) SetBytes() int64 {
 	var n int64
@@ -183,30 +204,36 @@ type Check struct {
 }
 
 // Checks evaluates the issue's targets on every run they apply to:
-// blob transfers within K × per-node parallelism under a cap; the last
-// node within 1.3× of the ideal when K is at least the useful concurrency;
-// no registry requests on a second run.
+// blob transfers within K × per-node parallelism under a cap K; the last
+// node within 1.3× of the ideal when K is at least the useful concurrency
+// (runs without a cap have no K, so only their ratio is shown); no
+// registry requests on a second run.
 func (r Report) Checks() []Check {
 	var out []Check
 	for _, run := range r.Runs {
-		name := runName(run)
-		if run.Second {
-			out = append(out, Check{name, "0 registry requests", fmt.Sprintf("%d requests", run.Requests), run.Requests == 0})
-			continue
-		}
-		if k := run.Config.MaxConcurrentNodes; k > 0 {
-			b := r.BlobBound(run.Config)
-			out = append(out, Check{name, fmt.Sprintf("peak blob transfers ≤ K × %d = %d", r.PerNodeParallelism(), b),
-				fmt.Sprintf("%d", run.PeakBlobTransfers), run.PeakBlobTransfers <= int64(b)})
-		}
-		k := run.Config.MaxConcurrentNodes
-		if r.Bandwidth > 0 && (k == 0 || k >= r.UsefulConcurrency) {
-			ratio := Ratio(run.Last(), Ideal(run.Bytes, r.Bandwidth))
-			out = append(out, Check{name, "last node ≤ 1.3 × ideal", fmt.Sprintf("%.2f ×", ratio), ratio <= 1.3})
-		}
+		out = append(out, r.runChecks(run)...)
 		if run.Failed > 0 {
-			out = append(out, Check{name, "every node labeled succeeded", fmt.Sprintf("%d not", run.Failed), false})
+			out = append(out, Check{runName(run), "every node labeled succeeded", fmt.Sprintf("%d not", run.Failed), false})
 		}
+	}
+	return out
+}
+
+func (r Report) runChecks(run Run) []Check {
+	name := runName(run)
+	if run.Second {
+		return []Check{{name, "0 registry requests", fmt.Sprintf("%d requests", run.Requests), run.Requests == 0}}
+	}
+	var out []Check
+	k := run.Config.MaxConcurrentNodes
+	if k > 0 {
+		b := r.BlobBound(run.Config)
+		out = append(out, Check{name, fmt.Sprintf("peak blob transfers ≤ K × %d = %d", r.PerNodeParallelism(), b),
+			fmt.Sprintf("%d", run.PeakBlobTransfers), run.PeakBlobTransfers <= int64(b)})
+	}
+	if r.Bandwidth > 0 && k > 0 && k >= r.UsefulConcurrency {
+		ratio := Ratio(run.Last(), r.RunIdeal(run))
+		out = append(out, Check{name, "last node ≤ 1.3 × ideal", fmt.Sprintf("%.2f ×", ratio), ratio <= 1.3})
 	}
 	return out
 }
@@ -235,10 +262,10 @@ func (r Report) Markdown() string {
 		w("  | `%s` | %d | %s |\n", shortRef(img.Ref), img.Layers, size(img.Bytes))
 	}
 	w("\n- **Agents:** `--parallelism=%d` images at once per node; containerd's `max_concurrent_downloads = %d` blob(s) per image, so one node fetches at most %d blobs at once (the per-node parallelism below).\n", r.Parallelism, r.MaxConcurrentDownloads, r.PerNodeParallelism())
-	w("- **Ideal:** bytes served ÷ bandwidth cap, the time no schedule can beat. One node alone, uncapped, pulls at %s, so %d node(s) at a time fill the cap: that is the registry's useful concurrency.\n\n", rate(r.SingleNode), r.UsefulConcurrency)
+	w("- **Ideal:** the bytes every node needs ÷ the bandwidth cap, the time no schedule can beat. One node alone, uncapped, pulls at %s, so %d node(s) at a time fill the cap: that is the registry's useful concurrency.\n\n", rate(r.SingleNode), r.UsefulConcurrency)
 
 	w("## Results\n\n")
-	w("Time is from the start of all agents until the node's label appears. *Peak conns* and *peak blobs* are the registry's most concurrent connections and blob downloads; *slots* is the most slot Leases seen held at once (sampled every 100 ms).\n\n")
+	w("Time is from the start of all agents until the node's label appears. *Peak conns* and *peak blobs* are the registry's most concurrent connections and blob downloads (connections include the idle keep-alive ones containerd leaves open after each pull); *slots* is the most slot Leases seen held at once (sampled every 100 ms).\n\n")
 	w("| configuration | run | all labeled | ideal | ratio | first labeled | peak conns | peak blobs | bound | slots | requests | served | CPU |\n")
 	w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, run := range r.Runs {
@@ -246,21 +273,25 @@ func (r Report) Markdown() string {
 		if run.Second {
 			which = "2nd (all present)"
 		}
-		ideal := Ideal(run.Bytes, r.Bandwidth)
+		ideal := r.RunIdeal(run)
 		ratio := "–"
-		if run.Bytes > 0 && ideal > 0 {
+		if ideal > 0 {
 			ratio = fmt.Sprintf("%.2f", Ratio(run.Last(), ideal))
 		}
 		first := time.Duration(0)
 		if len(run.Completions) > 0 {
 			first = run.Completions[0]
 		}
+		served := size(run.Bytes)
+		if need := r.NeededBytes(run); need > 0 {
+			served += fmt.Sprintf(" (%.2f×)", float64(run.Bytes)/float64(need))
+		}
 		w("| %s | %s | %s | %s | %s | %s | %d | %d | %d | %d | %d | %s | %.0f%% |\n",
 			run.Config.Describe(), which, secs(run.Last()), secs(ideal), ratio, secs(first),
 			run.PeakConns, run.PeakBlobTransfers, r.BlobBound(run.Config), run.PeakSlotHolders,
-			run.Requests, size(run.Bytes), run.CPUBusy*100)
+			run.Requests, served, run.CPUBusy*100)
 	}
-	w("\n*bound* is K × per-node parallelism (every node's when uncapped).\n\n")
+	w("\n*ideal* is the set's size × %d nodes ÷ the cap; *bound* is K × per-node parallelism (every node's when uncapped); *served* is what the registry sent, and in brackets its ratio to what the nodes needed: above 1 when pull attempts were cut off by their timeout and started again.\n\n", r.Nodes)
 	if r.PlotFile != "" {
 		w("![Nodes labeled over time, per configuration](%s)\n\n", r.PlotFile)
 	}
@@ -279,8 +310,12 @@ func (r Report) Markdown() string {
 
 	c := r.Capacity
 	w("## How many nodes fit\n\n")
-	w("Measured during the run: a node's containerd peaks at %s RSS after pulling the set, an agent at %s, and a node's containerd root holds %s. Before the start the machine had %s of memory available and %s of free disk, enough for about %d nodes by memory and %d by disk. The *CPU* column above shows how busy the machine's cores were during each run.\n\n",
+	w("Measured during the run: a node's containerd peaks at %s RSS after pulling the set, an agent at %s, and a node's containerd root holds %s. Before the start the machine had %s of memory available and %s of free disk, enough for about %d nodes by memory and %d by disk. ",
 		size(c.ContainerdPeakRSS), size(c.AgentPeakRSS), size(c.DiskPerNode), size(c.MemAvailable), size(c.DiskFree), c.FitByMemory(), c.FitByDisk())
+	if min(c.FitByMemory(), c.FitByDisk()) >= 2*r.Nodes {
+		w("Memory and disk are far from the limit at %d nodes; the CPU is the tighter resource. ", r.Nodes)
+	}
+	w("The *CPU* column above shows how busy the machine's cores were during each run: the control plane, the registry, every containerd and every agent share them, with whatever else the machine runs.\n\n")
 
 	w("## Method\n\n")
 	w("- Before each configuration every containerd is stopped, its root deleted and started again, so every node starts empty. Before each run the registry's counters are reset, the node labels removed, and the containerds restarted so that no connection is carried over.\n")

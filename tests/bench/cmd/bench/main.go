@@ -35,7 +35,7 @@ func run() error {
 	)
 	flag.IntVar(&opts.Nodes, "nodes", 12, "simulated nodes, each a containerd and an agent")
 	flag.StringVar(&sizes, "image-sizes", "5,8,10,14,18,22,27,33,40,50", "comma-separated image sizes in MiB")
-	flag.Float64Var(&bandwidth, "bandwidth", 50, "registry bandwidth cap in MiB/s for all responses together")
+	flag.Float64Var(&bandwidth, "bandwidth", 40, "registry bandwidth cap in MiB/s for all responses together")
 	flag.DurationVar(&opts.Latency, "latency", 10*time.Millisecond, "latency added to every registry response")
 	flag.IntVar(&opts.Parallelism, "parallelism", 4, "agent --parallelism (images at once per node)")
 	flag.IntVar(&opts.MaxConcurrentDownloads, "max-concurrent-downloads", 1, "containerd max_concurrent_downloads (blobs at once per image)")
