@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/creds"
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/events"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -158,21 +158,21 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 		provider.Plugins = plugins
 	}
 
-	var kube kubernetes.Interface
+	var client kube.Interface
 	pod, ns := deps.Getenv("POD_NAME"), deps.Getenv("POD_NAMESPACE")
 	if f.labelNode || f.maxConcurrentNodes > 0 || (pod != "" && ns != "") {
 		k, err := deps.Kube(f.kubeconfig)
 		if err != nil {
 			return nil, err
 		}
-		kube = k
+		client = k
 	}
 	if f.labelNode {
-		a.labeler = &label.Labeler{Client: kube, Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep}
+		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep}
 	}
-	a.events = &events.Recorder{Client: kube, Pod: pod, Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
+	a.events = &events.Recorder{Client: client, Pod: pod, Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
 
-	gate, err := deps.NewGate(ctx, GateConfig{Kube: kube, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
+	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
 		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries), Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("herd control: %w", err)

@@ -6,8 +6,7 @@ import (
 	"errors"
 	"log/slog"
 
-	"k8s.io/client-go/kubernetes"
-
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 )
@@ -15,7 +14,7 @@ import (
 // GateConfig is what a herd-control gate needs to know.
 type GateConfig struct {
 	// Kube is nil when the agent runs without an API client.
-	Kube      kubernetes.Interface
+	Kube      kube.Interface
 	Namespace string
 	Pod       string
 	Node      string
@@ -44,7 +43,7 @@ func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
 		return nil, errors.New("--max-concurrent-nodes needs a Kubernetes API client")
 	}
 	g, err := slots.New(slots.Config{
-		Leases:    cfg.Kube.CoordinationV1(),
+		Client:    cfg.Kube.Leases(cfg.Namespace),
 		Namespace: cfg.Namespace,
 		Instance:  cfg.Instance,
 		Slots:     cfg.MaxConcurrentNodes,

@@ -10,10 +10,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube/clientset"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
 
@@ -76,7 +77,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) deps() Deps {
 	return Deps{
-		Kube: func(string) (kubernetes.Interface, error) { return e.kube, nil },
+		Kube: func(string) (kube.Interface, error) { return clientset.Wrap(e.kube), nil },
 		Sleep: func(ctx context.Context, d time.Duration) error {
 			e.mu.Lock()
 			e.sleeps = append(e.sleeps, d)

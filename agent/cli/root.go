@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
 )
@@ -45,7 +43,7 @@ func (e *ExitCodeError) Unwrap() error { return e.Err }
 type Deps struct {
 	// Kube returns an API client for a kubeconfig path ("" means in-cluster,
 	// then the default loading rules).
-	Kube func(kubeconfig string) (kubernetes.Interface, error)
+	Kube func(kubeconfig string) (kube.Interface, error)
 	// Sleep waits between pull attempts.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// LabelSleep waits between labeling retries.
@@ -85,24 +83,17 @@ func (d *Deps) defaults() {
 
 // KubeClient builds a client from a kubeconfig path, or from the in-cluster
 // config, or from the default loading rules ($KUBECONFIG, ~/.kube/config).
-func KubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else if cfg, err = rest.InClusterConfig(); err != nil {
-		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
-	}
+func KubeClient(kubeconfig string) (kube.Interface, error) {
+	cfg, err := kube.Config(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config (not in a pod and no usable kubeconfig; pass --kubeconfig): %w", err)
 	}
 	cfg.UserAgent = "image-prefetcher/" + version.Version
-	cs, err := kubernetes.NewForConfig(cfg)
+	c, err := kube.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return cs, nil
+	return c, nil
 }
 
 type globalFlags struct {

@@ -10,13 +10,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/image-prefetcher/image-prefetcher/agent/label"
-	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
 // InstanceStatus is one instance's state on one node.
@@ -46,19 +45,19 @@ func newStatus(deps *Deps) *cobra.Command {
 			if output != "table" && output != "json" {
 				return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("-o %q: want table or json", output)}
 			}
-			kube, err := deps.Kube(kubeconfig)
+			client, err := deps.Kube(kubeconfig)
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
 			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			nodes, err := kube.CoreV1().Nodes().List(lctx, metav1.ListOptions{LabelSelector: selector})
+			nodes, err := client.Nodes().List(lctx, metav1.ListOptions{LabelSelector: selector})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("list nodes: %w", err)
 			}
 			if cleanup != "" {
-				return cleanupInstance(ctx, deps, kube, nodes.Items, label.Key(domain, cleanup))
+				return cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup))
 			}
 			rows, allOK := Collect(nodes.Items, domain, instances)
 			if output == "json" {
@@ -169,7 +168,7 @@ func printTable(deps *Deps, rows []NodeStatus) {
 
 // cleanupInstance removes a retired instance's key from every node that
 // still carries it.
-func cleanupInstance(ctx context.Context, deps *Deps, kube kubernetes.Interface, nodes []corev1.Node, key string) error {
+func cleanupInstance(ctx context.Context, deps *Deps, client kube.NodeClient, nodes []corev1.Node, key string) error {
 	var errs []error
 	removed := 0
 	for _, n := range nodes {
@@ -178,7 +177,7 @@ func cleanupInstance(ctx context.Context, deps *Deps, kube kubernetes.Interface,
 		if !hasLabel && !hasAnn {
 			continue
 		}
-		l := &label.Labeler{Client: kube, Node: n.Name, Key: key, Sleep: deps.LabelSleep}
+		l := &label.Labeler{Nodes: client, Node: n.Name, Key: key, Sleep: deps.LabelSleep}
 		if err := l.Remove(ctx, 30*time.Second); err != nil {
 			errs = append(errs, err)
 			continue

@@ -10,7 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 )
 
 // Reasons of the Events the agent records.
@@ -25,7 +26,7 @@ const maxMessage = 1024
 // Recorder records Events on one Pod. A zero Pod name or namespace turns
 // it into a no-op, so the agent runs outside a pod too.
 type Recorder struct {
-	Client    kubernetes.Interface
+	Client    kube.Interface
 	Pod       string
 	Namespace string
 	Component string
@@ -68,7 +69,7 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := r.Client.CoreV1().Events(r.Namespace).Create(actx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := r.Client.Events(r.Namespace).Create(actx, ev, metav1.CreateOptions{}); err != nil {
 		log.Warn("recording Event failed", "pod", fmt.Sprintf("%s/%s", r.Namespace, r.Pod), "reason", reason, "err", err)
 	}
 }

@@ -16,8 +16,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -133,10 +133,12 @@ func Key(domain, instance string) string {
 
 // Labeler writes one instance's label and annotation on one node.
 type Labeler struct {
-	Client kubernetes.Interface
-	Node   string
-	Key    string
-	Log    *slog.Logger
+	// Nodes is the API client of Nodes, such as kube.Client.Nodes() or
+	// client-go's clientset.CoreV1().Nodes().
+	Nodes kube.NodeClient
+	Node  string
+	Key   string
+	Log   *slog.Logger
 	// RetryFor bounds the retries of transient API errors (2m by default).
 	RetryFor time.Duration
 	// AttemptTimeout bounds one API call (10s by default).
@@ -178,7 +180,7 @@ func (l *Labeler) Remove(ctx context.Context, budget time.Duration) error {
 func (l *Labeler) Current(ctx context.Context) (value string, s Summary, ok bool, err error) {
 	actx, cancel := context.WithTimeout(ctx, l.attemptTimeout())
 	defer cancel()
-	node, err := l.Client.CoreV1().Nodes().Get(actx, l.Node, metav1.GetOptions{})
+	node, err := l.Nodes.Get(actx, l.Node, metav1.GetOptions{})
 	if err != nil {
 		return "", Summary{}, false, fmt.Errorf("get node %s: %w", l.Node, err)
 	}
@@ -235,7 +237,7 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 	for attempt := 1; ; attempt++ {
 		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
 		actx, cancel := context.WithTimeout(base, timeout)
-		_, err = l.Client.CoreV1().Nodes().Patch(actx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
+		_, err = l.Nodes.Patch(actx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
 		cancel()
 		if err == nil {
 			return nil

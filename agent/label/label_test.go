@@ -40,7 +40,7 @@ func get(t *testing.T, c *fake.Clientset, name string) *corev1.Node {
 
 func TestApplyAndRemoveTouchOnlyOwnKey(t *testing.T) {
 	c := fake.NewClientset(nodes()...)
-	l := &Labeler{Client: c, Node: "n1", Key: key}
+	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key}
 	s := NewSummary(3, 2, []Failure{{Image: "x:1", Reason: "NotFound", Message: "not found"}}, 1500*time.Millisecond, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	if err := l.Apply(context.Background(), s); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestApplyRetriesTransientErrors(t *testing.T) {
 		return false, nil, nil
 	})
 	var waits []time.Duration
-	l := &Labeler{Client: c, Node: "n1", Key: key, Sleep: func(d time.Duration) { waits = append(waits, d) }}
+	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(d time.Duration) { waits = append(waits, d) }}
 	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err != nil {
 		t.Fatal(err)
 	}
@@ -120,13 +120,13 @@ func TestApplyGivesUpOnPermanentErrors(t *testing.T) {
 		calls++
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n1", fmt.Errorf("denied"))
 	})
-	l := &Labeler{Client: c, Node: "n1", Key: key, Sleep: func(time.Duration) {}}
+	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) {}}
 	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || calls != 1 {
 		t.Errorf("err %v after %d calls", err, calls)
 	}
 	l.Node = "missing"
 	c2 := fake.NewClientset()
-	l.Client = c2
+	l.Nodes = c2.CoreV1().Nodes()
 	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || !apierrors.IsNotFound(err) {
 		t.Errorf("missing node: %v", err)
 	}
@@ -137,7 +137,7 @@ func TestApplyStopsAfterRetryBudget(t *testing.T) {
 	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewInternalError(fmt.Errorf("boom"))
 	})
-	l := &Labeler{Client: c, Node: "n1", Key: key, RetryFor: time.Nanosecond, Sleep: func(time.Duration) {}}
+	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, RetryFor: time.Nanosecond, Sleep: func(time.Duration) {}}
 	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || !strings.Contains(err.Error(), "still failing") {
 		t.Errorf("err %v", err)
 	}
@@ -177,7 +177,7 @@ func TestCancelledContextGetsOneFreshAttemptAndNoRetries(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	// The attempt is still made, on a fresh context.
-	l := &Labeler{Client: c, Node: "n1", Key: key, Sleep: func(time.Duration) { t.Error("slept after cancel") }}
+	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) { t.Error("slept after cancel") }}
 	if err := l.Remove(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -152,7 +152,7 @@ func (f *fakeAPI) sneak(t *testing.T, name string, change func(*coordinationv1.L
 // fall back to the configured duration.
 func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *Gate {
 	t.Helper()
-	cfg.Leases = f.cs.CoordinationV1()
+	cfg.Client = f.cs.CoordinationV1().Leases(testNS)
 	cfg.Namespace = testNS
 	if cfg.Instance == "" {
 		cfg.Instance = "demo"

@@ -33,8 +33,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -61,10 +62,29 @@ const (
 	LabelComponent = "app.kubernetes.io/component"
 )
 
+// LeaseClient reads and writes the slot Leases of Config.Namespace. Its
+// methods are those of client-go's typed Lease client, so
+// clientset.CoordinationV1().Leases(namespace) is one, and so is the
+// agent's own kube.Client.Leases(namespace).
+type LeaseClient = kube.LeaseClient
+
+// RESTClientGetter is a client-go API group client, such as a clientset's
+// CoordinationV1(), seen only through its REST client. Taking this rather
+// than client-go's typed LeasesGetter keeps the typed clientset, and the
+// scheme of every API group that comes with it, out of the agent binary.
+type RESTClientGetter interface {
+	RESTClient() rest.Interface
+}
+
 // Config says which slots to use and how.
 type Config struct {
-	// Leases is the API client, usually clientset.CoordinationV1().
-	Leases coordinationv1client.LeasesGetter
+	// Client is the Lease client of Namespace. Either Client or Leases is
+	// needed; Client wins when both are set.
+	Client LeaseClient
+	// Leases is a real clientset's CoordinationV1(). The slots use its REST
+	// client the way client-go's typed Lease client does. A fake
+	// clientset has no REST client: pass its Leases(namespace) as Client.
+	Leases RESTClientGetter
 	// Namespace holds the slot Leases: the agent's own namespace.
 	Namespace string
 	// Instance names the slots: <Instance>-slot-0 .. <Instance>-slot-(Slots-1).
@@ -98,7 +118,7 @@ type Config struct {
 // Gate hands out slots. It is safe for concurrent use.
 type Gate struct {
 	cfg    Config
-	leases coordinationv1client.LeaseInterface
+	leases LeaseClient
 	log    *slog.Logger
 	// now is the clock; tests replace it.
 	now func() time.Time
@@ -106,8 +126,16 @@ type Gate struct {
 
 // New checks cfg and fills in defaults.
 func New(cfg Config) (*Gate, error) {
+	client := cfg.Client
+	if client == nil && cfg.Leases != nil {
+		rc := cfg.Leases.RESTClient()
+		if c, ok := rc.(*rest.RESTClient); rc == nil || ok && c == nil {
+			return nil, errors.New("slots: no Lease client: Config.Leases has no REST client (a fake clientset?); set Config.Client")
+		}
+		client = kube.LeasesOver(rc, cfg.Namespace)
+	}
 	switch {
-	case cfg.Leases == nil:
+	case client == nil:
 		return nil, errors.New("slots: no Lease client")
 	case cfg.Namespace == "":
 		return nil, errors.New("slots: no namespace (set POD_NAMESPACE)")
@@ -139,7 +167,7 @@ func New(cfg Config) (*Gate, error) {
 	}
 	return &Gate{
 		cfg:    cfg,
-		leases: cfg.Leases.Leases(cfg.Namespace),
+		leases: client,
 		log:    cfg.Logger.With("component", "slots"),
 		now:    time.Now,
 	}, nil

@@ -14,14 +14,18 @@ import (
 )
 
 func TestNewValidates(t *testing.T) {
-	leases := fake.NewSimpleClientset().CoordinationV1()
-	good := Config{Leases: leases, Namespace: "ns", Instance: "demo", Slots: 2, Identity: "pod"}
+	leases := fake.NewSimpleClientset().CoordinationV1().Leases("ns")
+	good := Config{Client: leases, Namespace: "ns", Instance: "demo", Slots: 2, Identity: "pod"}
 	tests := []struct {
 		name    string
 		change  func(*Config)
 		wantErr string
 	}{
-		{"no client", func(c *Config) { c.Leases = nil }, "no Lease client"},
+		{"no client", func(c *Config) { c.Client = nil }, "no Lease client"},
+		{"fake clientset without REST client", func(c *Config) {
+			c.Client = nil
+			c.Leases = fake.NewSimpleClientset().CoordinationV1()
+		}, "no REST client"},
 		{"no namespace", func(c *Config) { c.Namespace = "" }, "POD_NAMESPACE"},
 		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
 		{"zero slots", func(c *Config) { c.Slots = 0 }, "at least 1"},
@@ -53,7 +57,7 @@ func TestNewDefaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, err := New(Config{Leases: fake.NewSimpleClientset().CoordinationV1(), Namespace: "ns", Instance: "demo",
+			g, err := New(Config{Client: fake.NewSimpleClientset().CoordinationV1().Leases("ns"), Namespace: "ns", Instance: "demo",
 				Slots: 1, Identity: "pod", LeaseDuration: tt.duration})
 			if err != nil {
 				t.Fatal(err)
