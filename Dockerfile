@@ -15,9 +15,11 @@ ARG TARGETOS
 ARG TARGETARCH
 # VERSION defaults to the VERSION file, which is what the Makefile stamps too.
 ARG VERSION=
+# grpcnotrace: the same tag as `make build`, for the agent's small footprint
+# (see docs/agent.md, Footprint).
 RUN version="${VERSION:-$(cat VERSION)}" && \
     CGO_ENABLED=0 GOOS="$TARGETOS" GOARCH="$TARGETARCH" GOTOOLCHAIN=local \
-    go build -trimpath \
+    go build -trimpath -tags grpcnotrace \
       -ldflags "-s -w -X github.com/image-prefetcher/image-prefetcher/fn/version.Version=${version}" \
       -o /out/image-prefetcher ./agent/cmd/image-prefetcher
 

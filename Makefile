@@ -22,8 +22,11 @@ export CGO_ENABLED := 0
 ## ---- build ------------------------------------------------------------------
 build: $(BIN)/image-prefetcher $(BIN)/image-prefetcher-fn
 
+# grpcnotrace drops grpc's golang.org/x/net/trace, whose html/template use
+# disables the linker's dead-method elimination: -5 MB binary, -2.5 MiB idle
+# RSS (docs/agent.md, Footprint). The Dockerfile builds with the same tag.
 $(BIN)/image-prefetcher: FORCE
-	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./agent/cmd/image-prefetcher
+	go build -trimpath -tags grpcnotrace -ldflags '$(LDFLAGS)' -o $@ ./agent/cmd/image-prefetcher
 
 $(BIN)/image-prefetcher-fn: FORCE
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
