@@ -5,10 +5,23 @@ package main
 import (
 	"context"
 	"os"
+	"runtime"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cli"
 )
 
+// maxProcs caps GOMAXPROCS. The agent mostly waits on the container
+// runtime and the API server, and needs little CPU; but the DaemonSet sets
+// no CPU limit, so Go would run one P per core of the node, and every P
+// holds memory of its own (allocation caches, a GC worker). On a 64-core
+// node that was 2.4 MiB more idle RSS; capping here gives back about 1.5
+// MiB of it (the rest is allocated before main runs). Setting GOMAXPROCS
+// in the environment overrides the cap.
+const maxProcs = 2
+
 func main() {
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) > maxProcs {
+		runtime.GOMAXPROCS(maxProcs)
+	}
 	os.Exit(cli.Execute(context.Background(), os.Args[1:], cli.Deps{}))
 }
