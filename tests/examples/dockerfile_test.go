@@ -162,6 +162,10 @@ func TestDockerfiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Build tags follow `make build`'s recipe for the same binary.
+			if tags := makeBuildTags(t, tl, tc.binary); tags != "" && !strings.Contains(string(info), "build\t-tags="+tags+"\n") {
+				t.Errorf("make build uses -tags %s for %s, the Dockerfile does not:\n%s", tags, tc.binary, info)
+			}
 			if !strings.Contains(string(info), "CGO_ENABLED=0") || !strings.Contains(string(info), "path\tgithub.com/image-prefetcher/image-prefetcher/"+strings.TrimPrefix(tc.pkg, "./")+"\n") {
 				t.Errorf("build info of %s: want package %s built without cgo:\n%s", tc.binary, tc.pkg, info)
 			}
@@ -237,4 +241,35 @@ func TestExampleVersions(t *testing.T) {
 	if user != "999:999" {
 		t.Errorf("sidecar USER %q, want 999:999 (Argo CD runs plugin sidecars as 999)", user)
 	}
+}
+
+// makeBuildTags returns the -tags value of the Makefile's go build line for
+// bin/<binary>, or "".
+func makeBuildTags(t *testing.T, tl tools, binary string) string {
+	t.Helper()
+	mk, err := os.ReadFile(filepath.Join(tl.root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(mk), "\n")
+	for i, line := range lines {
+		if !strings.HasPrefix(line, "$(BIN)/"+binary+":") {
+			continue
+		}
+		for _, recipe := range lines[i+1:] {
+			if !strings.HasPrefix(recipe, "\t") {
+				break
+			}
+			f := strings.Fields(recipe)
+			for j, w := range f {
+				if w == "-tags" && j+1 < len(f) {
+					return f[j+1]
+				}
+				if v, ok := strings.CutPrefix(w, "-tags="); ok {
+					return v
+				}
+			}
+		}
+	}
+	return ""
 }
