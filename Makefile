@@ -92,4 +92,19 @@ bench: build host-deps kube
 	@echo ">> benchmark"
 	go run ./tests/bench/cmd/bench -agent $(BIN)/image-prefetcher -out docs/benchmarks.md -plot docs/benchmarks-completion.png $(BENCH_FLAGS)
 
+## ---- demo (tests/cluster/cmd/demo, docs/demo.md) ------------------------------
+# A local 2-node cluster, left running, with examples/quickstart deployed
+# unchanged. Its runs live in $(DEMO_DIR), apart from the tests' runs, so
+# `make demo-down` removes the demo's cluster and nothing else. Needs root.
+.PHONY: demo demo-down
+DEMO_DIR ?= /tmp/ipf-demo
+demo: build tools host-deps kube oci
+	@echo ">> demo"
+	go build -o $(BIN)/cluster ./tests/cluster/cmd/cluster
+	IMAGE_PREFETCHER_DEMO_DIR=$(DEMO_DIR) go run ./tests/cluster/cmd/demo up -cluster $(BIN)/cluster -bin $(BIN)
+
+demo-down:
+	go build -o $(BIN)/cluster ./tests/cluster/cmd/cluster
+	IMAGE_PREFETCHER_DEMO_DIR=$(DEMO_DIR) go run ./tests/cluster/cmd/demo down -cluster $(BIN)/cluster
+
 FORCE:
