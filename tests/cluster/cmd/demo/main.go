@@ -197,7 +197,7 @@ Explore the cluster (%[2]s; state and logs in %[3]s):
 
   export IMAGE_PREFETCHER_E2E_DIR=%[4]s   # the demo's runs, apart from the tests' ones
   %[6]s env                      # KUBECONFIG and the network namespace to enter
-  %[6]s kubectl -n %[5]s get ds,pods -o wide
+  %[6]s kubectl get ds,pods -n %[5]s -o wide
   %[6]s kubectl get node node-1 -o yaml       # the label and the summary annotation
   %[6]s exec -- ./bin/image-prefetcher status -o json
 
@@ -450,8 +450,8 @@ func waitLabeled(ctx context.Context, c *cluster.Cluster, namespace, key string,
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("after %s, nodes %s still have no label %s (pods in %s: %s); see `go run ./tests/cluster/cmd/cluster kubectl -n %s describe pods` and the logs in %s/logs",
-				timeout, strings.Join(missing, ", "), key, namespace, pods, namespace, c.Dir)
+			return fmt.Errorf("after %s, nodes %s still have no label %s (pods in %s: %s); see `IMAGE_PREFETCHER_E2E_DIR=%s ./bin/cluster kubectl describe pods -n %s` and the logs in %s/logs",
+				timeout, strings.Join(missing, ", "), key, namespace, pods, os.Getenv("IMAGE_PREFETCHER_E2E_DIR"), namespace, c.Dir)
 		case <-time.After(2 * time.Second):
 		}
 	}
