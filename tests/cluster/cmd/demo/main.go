@@ -19,7 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -45,7 +44,6 @@ import (
 const DefaultBaseDir = "/tmp/ipf-demo"
 
 func main() {
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: demo up|down [flags]")
 		os.Exit(2)
