@@ -9,8 +9,6 @@ package imagelist
 import (
 	"fmt"
 	"strings"
-
-	"github.com/distribution/reference"
 )
 
 // Entry is one distinct reference from a list, in the order first seen.
@@ -127,34 +125,33 @@ func Normalize(ref string) (string, error) {
 	if ref == "" {
 		return "", fmt.Errorf("empty image reference")
 	}
-	named, err := reference.ParseNormalizedNamed(ref)
+	r, err := parseNormalized(ref)
 	if err != nil {
 		return "", fmt.Errorf("invalid image reference %q: %w", ref, err)
 	}
-	return reference.TagNameOnly(named).String(), nil
+	return r.String(), nil
 }
 
 // PullAlways applies the kubelet's default pull-policy rule: a reference
 // whose tag is "latest", or that has neither tag nor digest, is always
 // pulled; anything else is pulled only if not present.
 func PullAlways(ref string) bool {
-	named, err := reference.ParseNormalizedNamed(ref)
+	r, err := parseNormalized(ref)
 	if err != nil {
 		return false
 	}
-	if t, ok := named.(reference.Tagged); ok {
-		return t.Tag() == "latest"
+	if r.tag != "" {
+		return r.tag == defaultTag
 	}
-	_, digested := named.(reference.Digested)
-	return !digested
+	return r.digest == ""
 }
 
 // Host returns the registry host of a reference ("docker.io" for Docker Hub
 // short names).
 func Host(ref string) (string, error) {
-	named, err := reference.ParseNormalizedNamed(ref)
+	r, err := parseNormalized(ref)
 	if err != nil {
 		return "", fmt.Errorf("invalid image reference %q: %w", ref, err)
 	}
-	return reference.Domain(named), nil
+	return r.domain, nil
 }
