@@ -297,10 +297,15 @@ func (e env) remove(t *testing.T, d *deployed) {
 	defer cancel()
 	start := time.Now()
 	defer func() { logf(t, "removed instance %s in %.1fs", d.Name, time.Since(start).Seconds()) }()
-	fg := metav1.DeletePropagationForeground
-	err := e.cs.AppsV1().DaemonSets(d.Namespace).Delete(ctx, d.dsName(), metav1.DeleteOptions{PropagationPolicy: &fg})
+	err := e.cs.AppsV1().DaemonSets(d.Namespace).Delete(ctx, d.dsName(), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("clean-up: delete DaemonSet %s: %v", d.dsName(), err)
+	}
+	// Delete the pods directly rather than through the garbage collector,
+	// which is slow to catch up after an apiserver outage.
+	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + d.Name}
+	if err := e.cs.CoreV1().Pods(d.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("clean-up: delete pods of %s: %v", d.dsName(), err)
 	}
 	if err := poll(ctx, "pods of "+d.dsName()+" gone", func() (bool, string) {
 		pods, err := e.cs.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + d.Name})
@@ -496,6 +501,7 @@ func (e env) waitRolledOut(t *testing.T, d *deployed, want int) *appsv1.DaemonSe
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var ds *appsv1.DaemonSet
+	start, shown := time.Now(), ""
 	if err := poll(ctx, "DaemonSet "+d.dsName()+" rolled out", func() (bool, string) {
 		var err error
 		ds, err = e.cs.AppsV1().DaemonSets(d.Namespace).Get(ctx, d.dsName(), metav1.GetOptions{})
@@ -503,9 +509,14 @@ func (e env) waitRolledOut(t *testing.T, d *deployed, want int) *appsv1.DaemonSe
 			return false, err.Error()
 		}
 		s := ds.Status
+		now := fmt.Sprintf("generation %d/%d desired %d updated %d ready %d available %d",
+			s.ObservedGeneration, ds.Generation, s.DesiredNumberScheduled, s.UpdatedNumberScheduled, s.NumberReady, s.NumberAvailable)
+		if now != shown {
+			shown = now
+			logf(t, "DaemonSet %s (%.1fs): %s", d.dsName(), time.Since(start).Seconds(), now)
+		}
 		return s.ObservedGeneration == ds.Generation && s.DesiredNumberScheduled == int32(want) &&
-				s.UpdatedNumberScheduled == int32(want) && s.NumberReady == int32(want) && s.NumberAvailable == int32(want),
-			fmt.Sprintf("%+v", s)
+			s.UpdatedNumberScheduled == int32(want) && s.NumberReady == int32(want) && s.NumberAvailable == int32(want), now
 	}); err != nil {
 		e.dumpPods(t, d.Namespace)
 		t.Fatal(err)
