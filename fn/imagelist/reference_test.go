@@ -6,6 +6,7 @@ import (
 	_ "crypto/sha256"
 	_ "crypto/sha512"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -184,6 +185,31 @@ func TestReferenceErrorReasons(t *testing.T) {
 		_, err := Normalize(tc.in)
 		if err == nil || !strings.Contains(err.Error(), tc.reason) {
 			t.Errorf("Normalize(%q) error = %v, want it to contain %q", tc.in, err, tc.reason)
+		}
+	}
+}
+
+// TestNoRegexpDependency keeps the package (the only importer of an
+// image-reference parser in both binaries) free of regular expressions,
+// whose compilation at start-up cost the idle agent memory (docs/agent.md,
+// Footprint). The tests may import the library; the package may not.
+func TestNoRegexpDependency(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("this test lists the package's dependencies with the go command, which is not on PATH: %v", err)
+	}
+	out, err := exec.Command(goTool, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 5 {
+		t.Fatalf("go list returned %d packages: %q", len(deps), out)
+	}
+	for _, p := range deps {
+		switch {
+		case p == "regexp", strings.HasPrefix(p, "github.com/distribution/"), strings.HasPrefix(p, "github.com/opencontainers/go-digest"):
+			t.Errorf("fn/imagelist depends on %s; see docs/agent.md, Footprint", p)
 		}
 	}
 }
