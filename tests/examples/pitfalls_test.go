@@ -384,3 +384,43 @@ func testDocsOwnOverlay(t *testing.T, tl tools, api *apiServer) {
 		t.Errorf("image list %q, want the patched list only", list)
 	}
 }
+
+// examples/image-list-file/README.md quotes the error a bad line produces;
+// this reproduces it with the lines the quote names.
+func TestImageListFileErrorIsAsDocumented(t *testing.T) {
+	tl := findTools(t)
+	readme, err := os.ReadFile(filepath.Join(tl.root, "examples/image-list-file/README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var quoted string
+	for _, line := range strings.Split(string(readme), "\n") {
+		if l := strings.TrimSpace(line); strings.HasPrefix(l, "image-prefetcher-fn: error:") {
+			quoted = l
+		}
+	}
+	if quoted == "" {
+		t.Fatal("the README quotes no error line")
+	}
+	dir := tl.copyTree(t, "examples/image-list-file", t.TempDir())
+	list := filepath.Join(dir, "images.txt")
+	data, err := os.ReadFile(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The quoted error is about line 15: a duplicate on 14, a bad line on 15.
+	data = append(data, []byte("docker.io/library/busybox:1.37\nnot a valid//ref\n")...)
+	if n := strings.Count(string(data), "\n"); n != 15 {
+		t.Fatalf("images.txt now has %d lines; the README's example assumes 15", n)
+	}
+	if err := os.WriteFile(list, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tl.runErr(dir, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", ".")
+	if err == nil {
+		t.Fatal("a bad line did not fail the render")
+	}
+	if !strings.Contains(err.Error(), quoted) {
+		t.Errorf("stderr does not contain the README's line\n  %s\ngot: %v", quoted, err)
+	}
+}
