@@ -80,7 +80,7 @@ unit:
 # something they need is missing.
 e2e: build tools host-deps kube
 	@echo ">> tests against real components"
-	go test -p 1 -timeout 60m -v ./tests/... 2>&1 | grep -E --line-buffered '^(=== RUN|--- |PASS|FAIL|ok|panic|>> |\s+[a-z_]+\.go:[0-9]+:)' 
+	go test -p 1 -timeout 60m -v ./tests/...
 
 ## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------
 # Herd control against a simulated cluster: a real kube-apiserver, many

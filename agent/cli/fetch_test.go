@@ -209,6 +209,7 @@ func TestFetchStallThenRecoverWithLargerTimeout(t *testing.T) {
 	if code := e.run(args...); code != 0 {
 		t.Fatalf("exit %d, logs:\n%s", code, e.logs)
 	}
+	e.cri.Settle()
 	calls := e.cri.Pulls(ref)
 	if len(calls) != 2 {
 		t.Fatalf("%d attempts, want 2", len(calls))

@@ -42,7 +42,8 @@ type Server struct {
 	images    map[string]uint64
 	behaviors map[string]Behavior
 	calls     map[string]int
-	pulls     []PullCall
+	pulls     []PullCall // in arrival order
+	inflight  sync.WaitGroup
 	statuses  int
 	grpc      *grpc.Server
 	dir       string
@@ -127,7 +128,14 @@ func (s *Server) SetBehavior(ref string, b Behavior) {
 	s.behaviors[ref] = b
 }
 
-// Pulls returns every PullImage call so far, for all images or for one.
+// Settle waits for every PullImage handler still running, such as one whose
+// caller gave up: their outcomes land in Pulls only when they return. Call
+// it once the client is done, when no new pulls are coming.
+func (s *Server) Settle() { s.inflight.Wait() }
+
+// Pulls returns every PullImage call so far in arrival order, for all
+// images or for one. Err is nil for a call whose handler is still running;
+// call Settle first to see every outcome.
 func (s *Server) Pulls(ref string) []PullCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -172,18 +180,23 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 	if dl, ok := ctx.Deadline(); ok {
 		call.Timeout = time.Until(dl)
 	}
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	// Recorded on arrival, not on return: a handler of a timed-out call
+	// can return after the client's next attempt has already succeeded.
 	s.mu.Lock()
 	s.calls[ref]++
 	n := s.calls[ref]
 	b := s.behaviors[ref]
+	i := len(s.pulls)
+	s.pulls = append(s.pulls, call)
 	s.mu.Unlock()
 	var err error
 	if b != nil {
 		err = b(ctx, n, req)
 	}
-	call.Err = err
 	s.mu.Lock()
-	s.pulls = append(s.pulls, call)
+	s.pulls[i].Err = err
 	if err == nil {
 		s.images[ref] = 1000
 	}
