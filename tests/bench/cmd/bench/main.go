@@ -81,12 +81,19 @@ func run() error {
 		return fmt.Errorf("write report: %w", err)
 	}
 	fmt.Printf("wrote %s and %s\n", out, plotFile)
+	missed := 0
 	for _, c := range rep.Checks() {
 		met := "met"
 		if !c.OK {
 			met = "NOT met"
+			missed++
 		}
 		fmt.Printf("  %-22s %-40s %-12s %s\n", c.Run, c.Target, c.Value, met)
+	}
+	// The report is written either way, so a miss can be read; the exit
+	// status is what a script or CI job gating on make bench sees.
+	if missed > 0 {
+		return fmt.Errorf("%d of %d targets not met (the report says which)", missed, len(rep.Checks()))
 	}
 	return nil
 }
