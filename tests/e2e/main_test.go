@@ -538,6 +538,81 @@ func imagePresent(ctx context.Context, n *cluster.Node, ref string) (bool, error
 	return st.Image != nil, nil
 }
 
+// pollPresent asks n's CRI every period until ref is present, and
+// returns the time of the first answer that said so.
+func pollPresent(ctx context.Context, n *cluster.Node, ref string, period time.Duration) (time.Time, error) {
+	cri, err := n.CRI()
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer cri.Close()
+	for {
+		st, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+		if err == nil && st.Image != nil {
+			return time.Now(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("waiting for %s on %s: %w (last error: %v)", ref, n.Name, ctx.Err(), err)
+		case <-time.After(period):
+		}
+	}
+}
+
+// podOn is the name of the instance's pod on node.
+func (e env) podOn(t *testing.T, d *deployed, node string) string {
+	t.Helper()
+	pods, err := e.cs.CoreV1().Pods(d.Namespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/instance=" + d.Name, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 1 {
+		t.Fatalf("%d pods of %s on %s, want 1", len(pods.Items), d.Name, node)
+	}
+	return pods.Items[0].Name
+}
+
+// logLine waits (up to 30 s) for a line of container's log in pod, written
+// at or after since, that contains every one of words, and returns the
+// kubelet's timestamp of the line and the line.
+func (e env) logLine(t *testing.T, ns, pod, container string, since time.Time, words ...string) (time.Time, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var at time.Time
+	var found string
+	err := poll(ctx, fmt.Sprintf("a line of %s/%s with %q", pod, container, words), func() (bool, string) {
+		raw, err := e.cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, Timestamps: true}).DoRaw(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+	lines:
+		for _, l := range strings.Split(string(raw), "\n") {
+			stamp, text, ok := strings.Cut(l, " ")
+			if !ok {
+				continue
+			}
+			ts, err := time.Parse(time.RFC3339Nano, stamp)
+			if err != nil || ts.Before(since) {
+				continue
+			}
+			for _, w := range words {
+				if !strings.Contains(text, w) {
+					continue lines
+				}
+			}
+			at, found = ts, text
+			return true, ""
+		}
+		return false, tailLines(string(raw), 5)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at, found
+}
+
 func pullOn(ctx context.Context, n *cluster.Node, ref string) error {
 	cri, err := n.CRI()
 	if err != nil {
