@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,9 +50,7 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 	if !ok {
 		typ, reason = corev1.EventTypeWarning, ReasonPrefetchFailed
 	}
-	if len(message) > maxMessage {
-		message = message[:maxMessage-3] + "..."
-	}
+	message = truncate(message, maxMessage)
 	now := metav1.NewTime(time.Now())
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{
@@ -72,4 +71,18 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 	if _, err := r.Client.Events(r.Namespace).Create(actx, ev, metav1.CreateOptions{}); err != nil {
 		log.Warn("recording Event failed", "pod", fmt.Sprintf("%s/%s", r.Namespace, r.Pod), "reason", reason, "err", err)
 	}
+}
+
+// truncate shortens s to at most limit bytes, ending in "...". It cuts on a
+// rune boundary: half a rune would be invalid UTF-8, which the API server's
+// JSON decoding turns into U+FFFD and kubectl shows as garbage.
+func truncate(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
