@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"os"
@@ -12,7 +12,7 @@ import (
 // quickstart; expected.yaml is that rendering, kept current by the example
 // tests, so a change to the example that the demo cannot follow fails here.
 func TestDescribe(t *testing.T) {
-	quickstart, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "examples", "quickstart", "expected.yaml"))
+	quickstart, err := os.ReadFile(filepath.Join("..", "..", "..", "examples", "quickstart", "expected.yaml"))
 	if err != nil {
 		t.Fatalf("read the quickstart's rendering: %v", err)
 	}
@@ -51,19 +51,19 @@ spec:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			objs, err := decode([]byte(tc.manifests))
+			objs, err := Decode([]byte(tc.manifests))
 			if err != nil {
-				t.Fatalf("decode: %v", err)
+				t.Fatalf("Decode: %v", err)
 			}
-			instance, namespace, images, err := describe(objs)
+			instance, namespace, images, err := Describe(objs)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("describe: error %v, want one containing %q", err, tc.wantErr)
+					t.Fatalf("Describe: error %v, want one containing %q", err, tc.wantErr)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("describe: %v", err)
+				t.Fatalf("Describe: %v", err)
 			}
 			if instance != tc.wantInstance || namespace != tc.wantNamespace {
 				t.Errorf("instance, namespace = %q, %q, want %q, %q", instance, namespace, tc.wantInstance, tc.wantNamespace)

@@ -1,7 +1,8 @@
 // Command demo is `make demo` and `make demo-down`: it brings up the local
 // 2-node cluster of tests/cluster (through the cluster CLI, so the cluster
 // outlives it), deploys examples/quickstart exactly as its README says, waits
-// for every node to be labeled and shows the result.
+// for every node to be labeled and shows the result. The deployment itself
+// is tests/cluster/demo.Deploy, which the e2e scenario 14 runs too.
 //
 //	demo up   [-cluster bin/cluster] [-example examples/quickstart] [-timeout 5m]
 //	demo down [-cluster bin/cluster]
@@ -13,31 +14,20 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
-	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
-	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster/demo"
 )
 
 // DefaultBaseDir keeps demo runs apart from test runs (/tmp/ipf-e2e).
@@ -135,35 +125,15 @@ func up(args []string) error {
 		return err
 	}
 
-	step("rendering %s: kustomize build --enable-alpha-plugins --enable-exec .", relPath(f.example))
-	rendered, err := render(ctx, f)
+	d, err := demo.Deploy(ctx, c, demo.Options{
+		BinDir: f.binDir, Example: f.example, AgentRef: version.AgentImage(), Timeout: f.timeout,
+		Out: os.Stdout, Progress: step,
+	})
 	if err != nil {
-		return err
+		// kubectl reaches this cluster only through the cluster CLI.
+		return fmt.Errorf("%w\n(run kubectl as IMAGE_PREFETCHER_E2E_DIR=%s %s kubectl ...)", err, os.Getenv("IMAGE_PREFETCHER_E2E_DIR"), relPath(f.clusterBin))
 	}
-	objs, err := decode(rendered)
-	if err != nil {
-		return err
-	}
-	instance, namespace, images, err := describe(objs)
-	if err != nil {
-		return err
-	}
-	if err := pushStandIns(ctx, c, images, version.AgentImage()); err != nil {
-		return err
-	}
-
-	step("applying it: kubectl apply --server-side -f -")
-	apply := c.Command(ctx, "kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-")
-	apply.Stdin, apply.Stdout, apply.Stderr = bytes.NewReader(rendered), os.Stdout, os.Stderr
-	if err := apply.Run(); err != nil {
-		return fmt.Errorf("kubectl apply: %w", err)
-	}
-
-	key := v1alpha1.LabelDomain + "/" + instance
-	step("waiting up to %s for every node to carry the label %s", f.timeout, key)
-	if err := waitLabeled(ctx, c, namespace, key, f.timeout); err != nil {
-		return err
-	}
+	key, namespace := d.Key, d.Namespace
 
 	fmt.Println()
 	step("%s kubectl get nodes -L %s", relPath(f.clusterBin), key)
@@ -273,218 +243,6 @@ func ping(ctx context.Context, c *cluster.Cluster) error {
 		return fmt.Errorf("%d nodes registered, want %d", len(nodes.Items), len(c.Nodes()))
 	}
 	return nil
-}
-
-// render runs the standalone kustomize from the example's directory, as
-// the example's README does; image-prefetcher-fn is found on PATH.
-func render(ctx context.Context, f upFlags) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(f.binDir, "kustomize"), "build", "--enable-alpha-plugins", "--enable-exec", ".")
-	cmd.Dir = f.example
-	cmd.Env = append(os.Environ(), "PATH="+f.binDir+string(os.PathListSeparator)+os.Getenv("PATH"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("kustomize build in %s: %w: %s", f.example, err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
-}
-
-func decode(manifests []byte) ([]*unstructured.Unstructured, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifests), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			return nil, fmt.Errorf("decode rendered manifests: %w", err)
-		}
-		if len(m) > 0 {
-			out = append(out, &unstructured.Unstructured{Object: m})
-		}
-	}
-}
-
-// describe finds the instance name (the DaemonSet's INSTANCE_NAME), its
-// namespace and the image list in the rendered output.
-func describe(objs []*unstructured.Unstructured) (instance, namespace string, images []string, err error) {
-	var listText string
-	for _, o := range objs {
-		switch o.GetKind() {
-		case "DaemonSet":
-			namespace = o.GetNamespace()
-			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-			for _, c := range containers {
-				env, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
-				for _, e := range env {
-					em := e.(map[string]any)
-					if em["name"] == "INSTANCE_NAME" {
-						instance, _ = em["value"].(string)
-					}
-				}
-			}
-		case "ConfigMap":
-			if s, ok, _ := unstructured.NestedString(o.Object, "data", "images.txt"); ok {
-				listText = s
-			}
-		}
-	}
-	if instance == "" || namespace == "" {
-		return "", "", nil, errors.New("the rendered output has no DaemonSet with an INSTANCE_NAME env var")
-	}
-	if listText == "" {
-		return "", "", nil, errors.New("the rendered output has no image-list ConfigMap (key images.txt)")
-	}
-	list := imagelist.Parse(listText)
-	for _, e := range list.Invalid() {
-		return "", "", nil, fmt.Errorf("rendered image list: %w", e.Err)
-	}
-	return instance, namespace, list.Refs(), nil
-}
-
-// pushStandIns gives every listed image that the cluster's registry does
-// not already serve a small image under that name: the cluster has no way
-// out to docker.io, but its containerd resolves docker.io, ghcr.io,
-// registry.k8s.io, ... to the run's own registry.
-func pushStandIns(ctx context.Context, c *cluster.Cluster, images []string, agentRef string) error {
-	var names []string
-	for i, ref := range images {
-		full, err := imagelist.Normalize(ref)
-		if err != nil {
-			return err
-		}
-		if full == cluster.PauseImage || full == agentRef {
-			continue
-		}
-		host, err := imagelist.Host(full)
-		if err != nil {
-			return err
-		}
-		repoTag, ok := strings.CutPrefix(full, host+"/")
-		if !ok || !mirrored(host) || strings.Contains(repoTag, "@") {
-			return fmt.Errorf("image %s: the demo registry serves only tagged images on %s", ref, strings.Join(cluster.MirroredHosts, ", "))
-		}
-		img, err := standIn(ctx, full, int64(i))
-		if err != nil {
-			return err
-		}
-		if err := c.Push(ctx, img, repoTag); err != nil {
-			return fmt.Errorf("push stand-in for %s: %w", ref, err)
-		}
-		names = append(names, full)
-	}
-	if len(names) > 0 {
-		sort.Strings(names)
-		step("pushed small runnable stand-in images (this cluster has no Internet) as %s", strings.Join(names, ", "))
-	}
-	return nil
-}
-
-// standIn is a small runnable image named for ref: the harness's pause
-// binary (it sleeps until SIGTERM) and 2 MB of data that differ per image,
-// so that a workload using the prefetched label can really run here.
-func standIn(ctx context.Context, ref string, seed int64) (v1.Image, error) {
-	pause, err := cluster.PauseBinary(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("stand-in for %s: %w", ref, err)
-	}
-	data := make([]byte, 2<<20)
-	_, _ = rand.New(rand.NewSource(1000 + seed)).Read(data)
-	spec := ociimage.Binary(pause, "65534:65534")
-	spec.Files = append(spec.Files, ociimage.File{Path: "/usr/share/stand-in/data.bin", Data: data, Mode: 0o644})
-	spec.Labels = map[string]string{"org.opencontainers.image.description": "image-prefetcher demo stand-in for " + ref}
-	img, err := ociimage.Build(spec)
-	if err != nil {
-		return nil, fmt.Errorf("stand-in for %s: %w", ref, err)
-	}
-	return img, nil
-}
-
-func mirrored(host string) bool {
-	for _, h := range cluster.MirroredHosts {
-		if h == host {
-			return true
-		}
-	}
-	return false
-}
-
-// waitLabeled polls until every node has the label, printing progress
-// every 10 s, and on timeout says which nodes lack it and why.
-func waitLabeled(ctx context.Context, c *cluster.Cluster, namespace, key string, timeout time.Duration) error {
-	cs, err := c.Clientset()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	start := time.Now()
-	lastReport := start
-	var missing []string
-	var pods string
-	for {
-		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err == nil {
-			missing = missing[:0]
-			var done []string
-			for _, n := range nodes.Items {
-				if v, ok := n.Labels[key]; ok {
-					done = append(done, n.Name+"="+v)
-				} else {
-					missing = append(missing, n.Name)
-				}
-			}
-			if len(nodes.Items) > 0 && len(missing) == 0 {
-				step("every node is labeled after %s: %s", time.Since(start).Round(time.Second), strings.Join(done, ", "))
-				return nil
-			}
-		}
-		pods = podSummary(ctx, c, namespace)
-		if time.Since(lastReport) >= 10*time.Second {
-			lastReport = time.Now()
-			step("still waiting (%s): not labeled yet: %s; pods: %s", time.Since(start).Round(time.Second), strings.Join(missing, ", "), pods)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("after %s, nodes %s still have no label %s (pods in %s: %s); see `IMAGE_PREFETCHER_E2E_DIR=%s ./bin/cluster kubectl describe pods -n %s` and the logs in %s/logs",
-				timeout, strings.Join(missing, ", "), key, namespace, pods, os.Getenv("IMAGE_PREFETCHER_E2E_DIR"), namespace, c.Dir)
-		case <-time.After(2 * time.Second):
-		}
-	}
-}
-
-func podSummary(ctx context.Context, c *cluster.Cluster, namespace string) string {
-	cs, err := c.Clientset()
-	if err != nil {
-		return err.Error()
-	}
-	list, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err.Error()
-	}
-	if len(list.Items) == 0 {
-		return "none yet"
-	}
-	var out []string
-	for _, p := range list.Items {
-		out = append(out, fmt.Sprintf("%s on %s %s", p.Name, p.Spec.NodeName, podState(p)))
-	}
-	return strings.Join(out, ", ")
-}
-
-// podState is roughly what kubectl's STATUS column says.
-func podState(p corev1.Pod) string {
-	for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-		if w := s.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" {
-			return w.Reason
-		}
-		if t := s.State.Terminated; t != nil && t.ExitCode != 0 {
-			return fmt.Sprintf("%s (exit %d)", t.Reason, t.ExitCode)
-		}
-	}
-	return string(p.Status.Phase)
 }
 
 func down(args []string) error {
