@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,12 +54,23 @@ func NewSummary(total, present int, failures []Failure, d time.Duration, at time
 			s.OmittedFailures = len(failures) - MaxFailures
 			break
 		}
-		if len(f.Message) > maxMessage {
-			f.Message = f.Message[:maxMessage] + "..."
-		}
+		f.Message = truncate(f.Message, maxMessage)
 		s.Failed = append(s.Failed, f)
 	}
 	return s
+}
+
+// truncate cuts s to at most limit bytes plus "...", on a rune boundary:
+// half a rune is invalid UTF-8, which JSON encoding would turn into U+FFFD.
+func truncate(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // FailureCount is the number of failed images, listed or not.
@@ -207,17 +219,18 @@ func (l *Labeler) attemptTimeout() time.Duration {
 	return l.AttemptTimeout
 }
 
-// patch sends a merge patch. Each attempt gets a fresh context with its own
-// timeout, detached from ctx's deadline and cancellation, so that no attempt
-// is made on an already expired context. Retries go on while ctx is live and
-// the budget lasts; callers that must finish while shutting down (removing
-// the label on SIGTERM) pass a context that is never cancelled.
+// patch sends a merge patch, retrying transient errors while ctx is live
+// and the budget lasts. Each attempt has its own timeout and also ends when
+// ctx ends: a rewrite in flight when watch gets SIGTERM must not hold up the
+// shutdown for a whole attempt against a hung API server. A cancelled ctx
+// therefore gets no attempt at all; callers that must write while shutting
+// down (removing the label on SIGTERM) pass a fresh context whose deadline
+// is what is left of their shutdown budget.
 func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration) error {
 	body, err := json.Marshal(patch)
 	if err != nil {
-		return err
+		return fmt.Errorf("encode patch for node %s: %w", l.Node, err)
 	}
-	base := context.WithoutCancel(ctx)
 	deadline := time.Now().Add(budget)
 	wait := l.InitialBackoff
 	if wait <= 0 {
@@ -235,18 +248,27 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		}
 	}
 	for attempt := 1; ; attempt++ {
+		if ctx.Err() != nil {
+			if err == nil {
+				return fmt.Errorf("patch node %s: not attempted: %w", l.Node, context.Cause(ctx))
+			}
+			return fmt.Errorf("patch node %s: stopped retrying: %w", l.Node, err)
+		}
+		// The last attempt of a budget still gets a second, so that a
+		// nearly spent budget does not make a pointless sub-second call;
+		// ctx's own deadline, if any, still bounds it.
 		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
-		actx, cancel := context.WithTimeout(base, timeout)
+		actx, cancel := context.WithTimeout(ctx, timeout)
 		_, err = l.Nodes.Patch(actx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
 		cancel()
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("patch node %s: stopped: %w (%w)", l.Node, context.Cause(ctx), err)
+		}
 		if !Retryable(err) {
 			return fmt.Errorf("patch node %s: %w", l.Node, err)
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("patch node %s: stopped retrying: %w", l.Node, err)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

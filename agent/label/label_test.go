@@ -3,19 +3,25 @@ package label
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 )
 
 const key = "image-prefetcher.stackrox.io/demo"
@@ -172,21 +178,158 @@ func TestSummaryCapsFailures(t *testing.T) {
 	}
 }
 
-func TestCancelledContextGetsOneFreshAttemptAndNoRetries(t *testing.T) {
-	c := fake.NewClientset(nodes()...)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	// The attempt is still made, on a fresh context.
-	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) { t.Error("slept after cancel") }}
-	if err := l.Remove(ctx, time.Minute); err != nil {
-		t.Fatal(err)
+// hungNodes is an API server that never answers a patch: each Patch
+// blocks until its context ends, the way client-go's REST client returns
+// when the request's context is done.
+type hungNodes struct {
+	kube.NodeClient
+	mu        sync.Mutex
+	calls     int
+	deadlines []time.Time
+	arrived   chan struct{}
+}
+
+func (h *hungNodes) Patch(ctx context.Context, name string, _ types.PatchType, _ []byte, _ metav1.PatchOptions, _ ...string) (*corev1.Node, error) {
+	h.mu.Lock()
+	h.calls++
+	dl, _ := ctx.Deadline()
+	h.deadlines = append(h.deadlines, dl)
+	h.mu.Unlock()
+	select {
+	case h.arrived <- struct{}{}:
+	default:
 	}
-	calls := 0
-	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
-		calls++
-		return true, nil, apierrors.NewServiceUnavailable("down")
-	})
-	if err := l.Apply(ctx, NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || calls != 1 {
-		t.Errorf("err %v after %d calls, want one attempt then a stop", err, calls)
+	<-ctx.Done()
+	return nil, fmt.Errorf("Patch \"https://10.96.0.1/api/v1/nodes/%s\": %w", name, ctx.Err())
+}
+
+func TestCancellation(t *testing.T) {
+	s := NewSummary(1, 1, nil, time.Second, time.Now())
+	tests := []struct {
+		name string
+		// run calls the labeler and returns its error and the number of
+		// patches the API server saw.
+		run       func(t *testing.T) (error, int)
+		wantErr   error
+		wantText  string
+		wantCalls int
+	}{
+		{
+			name: "already cancelled: no attempt",
+			run: func(t *testing.T) (error, int) {
+				c := fake.NewClientset(nodes()...)
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) { t.Error("slept after cancel") }}
+				err := l.Remove(ctx, time.Minute)
+				return err, len(c.Actions())
+			},
+			wantErr: context.Canceled, wantCalls: 0,
+		},
+		{
+			name: "cancelled between retries: no further attempt",
+			run: func(t *testing.T) (error, int) {
+				c := fake.NewClientset(nodes()...)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, nil, apierrors.NewServiceUnavailable("down")
+				})
+				l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) { cancel() }}
+				err := l.Apply(ctx, s)
+				return err, len(c.Actions())
+			},
+			wantText: "stopped retrying", wantCalls: 1,
+		},
+		{
+			// AttemptTimeout is long: an attempt that ignored the
+			// cancellation would end with DeadlineExceeded, not Canceled.
+			name: "cancelled while an attempt is in flight: the attempt ends",
+			run: func(t *testing.T) (error, int) {
+				h := &hungNodes{arrived: make(chan struct{}, 1)}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				go func() {
+					<-h.arrived
+					cancel()
+				}()
+				l := &Labeler{Nodes: h, Node: "n1", Key: key, AttemptTimeout: 30 * time.Second, Sleep: func(time.Duration) { t.Error("slept after cancel") }}
+				err := l.Apply(ctx, s)
+				return err, h.calls
+			},
+			wantErr: context.Canceled, wantCalls: 1,
+		},
+		{
+			// The budget and the attempt timeout are long; the caller's
+			// deadline is what bounds the removal on SIGTERM.
+			name: "caller's deadline bounds a removal against a hung server",
+			run: func(t *testing.T) (error, int) {
+				h := &hungNodes{arrived: make(chan struct{}, 1)}
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				defer cancel()
+				want, _ := ctx.Deadline()
+				l := &Labeler{Nodes: h, Node: "n1", Key: key, AttemptTimeout: 30 * time.Second, Sleep: func(time.Duration) { t.Error("slept past the deadline") }}
+				err := l.Remove(ctx, time.Minute)
+				for i, dl := range h.deadlines {
+					if dl.IsZero() || dl.After(want) {
+						t.Errorf("attempt %d has deadline %v, after the caller's %v", i+1, dl, want)
+					}
+				}
+				return err, h.calls
+			},
+			wantErr: context.DeadlineExceeded, wantCalls: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err, calls := tt.run(t)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+				t.Errorf("error %v does not wrap %v", err, tt.wantErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantText) {
+				t.Errorf("error %q lacks %q", err, tt.wantText)
+			}
+			if calls != tt.wantCalls {
+				t.Errorf("%d patch calls, want %d", calls, tt.wantCalls)
+			}
+			if !strings.Contains(err.Error(), "patch node n1") {
+				t.Errorf("error %q does not name the node", err)
+			}
+		})
+	}
+}
+
+func TestSummaryCutsMessagesOnRuneBoundary(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  string
+		want string
+	}{
+		{"short", "not found", "not found"},
+		{"at the limit", strings.Repeat("m", maxMessage), strings.Repeat("m", maxMessage)},
+		{"ascii", strings.Repeat("m", maxMessage+1), strings.Repeat("m", maxMessage) + "..."},
+		// A three-byte rune starting one byte before the limit would be
+		// split by a byte cut.
+		{"rune across the limit", strings.Repeat("m", maxMessage-1) + "€€", strings.Repeat("m", maxMessage-1) + "..."},
+		{"rune ending at the limit", strings.Repeat("m", maxMessage-3) + "€€", strings.Repeat("m", maxMessage-3) + "€..."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := NewSummary(1, 0, []Failure{{Image: "x:1", Reason: "PullFailed", Message: tt.msg}}, time.Second, time.Now())
+			got := s.Failed[0].Message
+			if got != tt.want {
+				t.Errorf("got %q (%d bytes), want %q", got, len(got), tt.want)
+			}
+			if !utf8.ValidString(got) {
+				t.Error("invalid UTF-8")
+			}
+			back, err := Parse(s.Marshal())
+			if err != nil || back.Failed[0].Message != got {
+				t.Errorf("round trip changed the message: %v", err)
+			}
+		})
 	}
 }
