@@ -48,6 +48,13 @@ func Classify(err error) (Class, string) {
 		return Permanent, ReasonUnauthorized
 	case strings.Contains(msg, "403 Forbidden"):
 		return Permanent, ReasonForbidden
+	// containerd's resolver says this when a registry still answers 401
+	// after a token was fetched: Docker Hub does so for a repository that
+	// does not exist and for a private one alike, so a typo in a Docker Hub
+	// name lands here. The registry cannot tell the two apart, and a retry
+	// gets the same answer.
+	case strings.Contains(msg, "pull access denied, repository does not exist or may require authorization"):
+		return Permanent, ReasonUnauthorized
 	case strings.Contains(msg, "invalid reference format"):
 		return Permanent, ReasonInvalidReference
 	case strings.Contains(msg, "no match for platform"):

@@ -29,6 +29,7 @@ func TestClassifyContainerdMessages(t *testing.T) {
 		{"missing blob", fakecri.BlobNotFound(ref), Permanent, ReasonNotFound},
 		{"401", fakecri.HTTPStatus(ref, host, "401 Unauthorized"), Permanent, ReasonUnauthorized},
 		{"403", fakecri.HTTPStatus(ref, host, "403 Forbidden"), Permanent, ReasonForbidden},
+		{"docker hub missing or private repository", fakecri.PullAccessDenied("docker.io/library/no-such-repo:1"), Permanent, ReasonUnauthorized},
 		{"429", fakecri.HTTPStatus(ref, host, "429 Too Many Requests"), Transient, ReasonPullFailed},
 		{"503", fakecri.HTTPStatus(ref, host, "503 Service Unavailable"), Transient, ReasonPullFailed},
 		{"500", fakecri.HTTPStatus(ref, host, "500 Internal Server Error"), Transient, ReasonPullFailed},
@@ -57,20 +58,29 @@ func TestContainerdMessagesAreExact(t *testing.T) {
 	// The fake must say exactly what containerd says, or the classifier
 	// tests prove nothing.
 	ref := "127.0.0.1:5000/x/y:1"
-	got := fakecri.HTTPStatus(ref, "127.0.0.1:5000", "401 Unauthorized")
-	want := `rpc error: code = Unknown desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 401 Unauthorized`
-	if got.Error() != want {
-		t.Errorf("got  %s\nwant %s", got, want)
+	cases := []struct {
+		name string
+		err  error
+		code codes.Code
+		want string
+	}{
+		{"401", fakecri.HTTPStatus(ref, "127.0.0.1:5000", "401 Unauthorized"), codes.Unknown,
+			`rpc error: code = Unknown desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 401 Unauthorized`},
+		{"not found", fakecri.NotFound(ref), codes.NotFound,
+			`rpc error: code = NotFound desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": 127.0.0.1:5000/x/y:1: not found`},
+		{"invalid reference", fakecri.InvalidReference("Bad::Ref"), codes.Unknown,
+			`rpc error: code = Unknown desc = failed to parse image reference "Bad::Ref": invalid reference format: repository name must be lowercase`},
+		// Docker Hub, anonymous pull of a repository that does not exist.
+		{"pull access denied", fakecri.PullAccessDenied("docker.io/library/no-such-repo:1"), codes.Unknown,
+			`rpc error: code = Unknown desc = failed to pull and unpack image "docker.io/library/no-such-repo:1": failed to resolve reference "docker.io/library/no-such-repo:1": pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: authorization failed`},
 	}
-	got = fakecri.NotFound(ref)
-	want = `rpc error: code = NotFound desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": 127.0.0.1:5000/x/y:1: not found`
-	if got.Error() != want {
-		t.Errorf("got  %s\nwant %s", got, want)
-	}
-	got = fakecri.InvalidReference("Bad::Ref")
-	want = `rpc error: code = Unknown desc = failed to parse image reference "Bad::Ref": invalid reference format: repository name must be lowercase`
-	if got.Error() != want {
-		t.Errorf("got  %s\nwant %s", got, want)
+	for _, c := range cases {
+		if got := c.err.Error(); got != c.want {
+			t.Errorf("%s:\ngot  %s\nwant %s", c.name, got, c.want)
+		}
+		if got := status.Code(c.err); got != c.code {
+			t.Errorf("%s: code %v, want %v", c.name, got, c.code)
+		}
 	}
 }
 

@@ -2,12 +2,15 @@ package pull
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
@@ -146,4 +149,146 @@ type failing struct{}
 func (failing) ImageStatus(context.Context, string) (*cri.ImageInfo, error) { return nil, nil }
 func (failing) PullImage(context.Context, string, *cri.Auth) (string, error) {
 	return "", context.DeadlineExceeded
+}
+
+// guard is the overall timeout of tests that must finish through their own
+// logic: a regression then fails at the guard instead of hanging, and the
+// correct code never comes near it. No test asserts on elapsed time.
+const guard = 5 * time.Second
+
+var discard = slog.New(slog.DiscardHandler)
+
+// scriptRuntime answers PullImage from a script and records every call.
+type scriptRuntime struct {
+	// script decides the n-th (1-based) call for ref; nil means success.
+	script func(ref string, n int) error
+	// release, when set, holds every call until the test sends a token.
+	release chan struct{}
+	// arrived, when set, gets each call's image as the call starts.
+	arrived chan string
+	// pulled, when set, is called after each successful pull.
+	pulled func(ref string)
+
+	mu       sync.Mutex
+	present  map[string]bool
+	calls    map[string]int
+	failed   map[string]bool // images whose latest call failed
+	active   int
+	arrivals []arrival
+}
+
+// arrival is the runtime's view when a PullImage call starts.
+type arrival struct {
+	image string
+	// active counts the calls in flight, this one included.
+	active int
+	// waiting counts the images whose latest call failed and that have no
+	// call in flight: they are in backoff or queued for their retry.
+	waiting int
+}
+
+func newScriptRuntime(script func(ref string, n int) error) *scriptRuntime {
+	return &scriptRuntime{script: script, present: map[string]bool{}, calls: map[string]int{}, failed: map[string]bool{}}
+}
+
+func (m *scriptRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.present[ref] {
+		return &cri.ImageInfo{ID: ref, Size: 10}, nil
+	}
+	return nil, nil
+}
+
+func (m *scriptRuntime) PullImage(ctx context.Context, ref string, _ *cri.Auth) (string, error) {
+	// grpc fails a call whose context has ended without sending it, so
+	// such a call never reaches the runtime.
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	m.calls[ref]++
+	n := m.calls[ref]
+	delete(m.failed, ref)
+	m.active++
+	m.arrivals = append(m.arrivals, arrival{image: ref, active: m.active, waiting: len(m.failed)})
+	m.mu.Unlock()
+	if m.arrived != nil {
+		m.arrived <- ref
+	}
+	var err error
+	if m.release != nil {
+		select {
+		case <-m.release:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if err == nil && m.script != nil {
+		err = m.script(ref, n)
+	}
+	m.mu.Lock()
+	m.active--
+	if err != nil {
+		m.failed[ref] = true
+	} else {
+		m.present[ref] = true
+	}
+	m.mu.Unlock()
+	if err == nil && m.pulled != nil {
+		m.pulled(ref)
+	}
+	return ref, err
+}
+
+func (m *scriptRuntime) callsFor(ref string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls[ref]
+}
+
+func TestPermanentErrorsGiveUpAfterThreeAttempts(t *testing.T) {
+	cases := []struct {
+		name    string
+		ref     string // as listed
+		err     func(normalized string) error
+		reason  string
+		message string
+	}{
+		{"missing tag", "app:1", fakecri.NotFound, ReasonNotFound, "not found"},
+		{"401", "registry.example.com/team/app:1", func(r string) error { return fakecri.HTTPStatus(r, "registry.example.com", "401 Unauthorized") }, ReasonUnauthorized, "401 Unauthorized"},
+		{"403", "registry.example.com/team/app:1", func(r string) error { return fakecri.HTTPStatus(r, "registry.example.com", "403 Forbidden") }, ReasonForbidden, "403 Forbidden"},
+		// Docker Hub answers a typo in the repository name like this; it
+		// used to be retried until the overall timeout.
+		{"docker hub typo", "no-such-repo:1", fakecri.PullAccessDenied, ReasonUnauthorized, "pull access denied, repository does not exist or may require authorization"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := entries(c.ref, "good:1")
+			bad := e[0].Normalized
+			rt := newScriptRuntime(func(ref string, _ int) error {
+				if ref == bad {
+					return c.err(ref)
+				}
+				return nil
+			})
+			var sleeps atomic.Int32
+			p := New(rt, Config{Creds: noCreds{}, Log: discard, OverallTimeout: guard,
+				Sleep: func(ctx context.Context, _ time.Duration) error { sleeps.Add(1); return ctx.Err() }})
+			res := p.Run(context.Background(), e, "")
+			r := res[0]
+			if r.Present || r.Attempts != 3 || r.Reason != c.reason || !strings.Contains(r.Message, c.message) {
+				t.Errorf("got %+v, want 3 attempts, reason %s, message with %q", r, c.reason, c.message)
+			}
+			if n := rt.callsFor(bad); n != 3 {
+				t.Errorf("%d PullImage calls, want 3", n)
+			}
+			if n := sleeps.Load(); n != 2 {
+				t.Errorf("%d delays, want 2 (between the 3 attempts)", n)
+			}
+			if !res[1].Present || !res[1].Pulled {
+				t.Errorf("the other image: %+v", res[1])
+			}
+		})
+	}
 }

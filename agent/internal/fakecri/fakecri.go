@@ -227,6 +227,17 @@ func HTTPStatus(ref, host, code string) error {
 	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: pulling from host %s failed with status code [manifests v1]: %s", ref, ref, host, code)
 }
 
+// PullAccessDenied is Docker Hub's answer for a repository that does not
+// exist, or that is private and the credentials (if any) cannot read: it
+// answers 401 with error="insufficient_scope" even after a token was
+// fetched, and containerd's resolver (remotes/docker/resolver.go, wrapping
+// authorizer.go's invalidAuthorization) turns that into this text, which
+// carries no HTTP status and no errdefs kind, so it reaches the CRI client
+// as codes.Unknown.
+func PullAccessDenied(ref string) error {
+	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: authorization failed", ref, ref)
+}
+
 // ConnectionRefused is a registry that is down.
 func ConnectionRefused(ref, host string) error {
 	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: failed to do request: Head \"https://%s/v2/x/manifests/v1\": dial tcp %s: connect: connection refused", ref, ref, host, host)
