@@ -111,18 +111,28 @@ type agent struct {
 	metrics *metrics.Metrics
 }
 
-func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agent, error) {
+// newAgent returns an agent that init will set up.
+func newAgent(f *agentFlags, deps *Deps) *agent {
+	return &agent{flags: f, deps: deps, log: slog.Default()}
+}
+
+// init reads the list and credentials and connects to the API server and
+// the runtime. On error, the fields set so far stay set: watch, stopped by
+// SIGTERM while the runtime is still starting, still removes the label that
+// fetch wrote.
+func (a *agent) init(ctx context.Context, args []string) error {
+	f, deps := a.flags, a.deps
 	if err := f.validate(); err != nil {
-		return nil, err
+		return err
 	}
 	log := slog.Default().With("node", f.nodeName, "instance", f.instance)
-	a := &agent{flags: f, deps: deps, log: log}
+	a.log = log
 
 	var text string
 	if f.imageListFile != "" {
 		data, err := os.ReadFile(f.imageListFile)
 		if err != nil {
-			return nil, fmt.Errorf("read image list: %w", err)
+			return fmt.Errorf("read image list: %w", err)
 		}
 		text = string(data)
 	}
@@ -149,7 +159,7 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	}
 	if f.providerConfig != "" {
 		if f.providerBinDir == "" {
-			return nil, &ExitCodeError{Code: ExitUsage, Err: errors.New("--image-credential-provider-config needs --image-credential-provider-bin-dir")}
+			return &ExitCodeError{Code: ExitUsage, Err: errors.New("--image-credential-provider-config needs --image-credential-provider-bin-dir")}
 		}
 		plugins, err := creds.LoadProviderConfig(f.providerConfig, f.providerBinDir)
 		if err != nil {
@@ -163,7 +173,7 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	if f.labelNode || f.maxConcurrentNodes > 0 || (pod != "" && ns != "") {
 		k, err := deps.Kube(f.kubeconfig)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		client = k
 	}
@@ -175,24 +185,25 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
 		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries), Log: log})
 	if err != nil {
-		return nil, fmt.Errorf("herd control: %w", err)
+		return fmt.Errorf("herd control: %w", err)
 	}
 
 	if f.metricsAddr != "" {
 		a.metrics = metrics.New()
 		if _, err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
-			return nil, err
+			return err
 		}
 	}
 
 	c, err := cri.Dial(f.criSocket)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	a.cri = c
 	if err := a.runtimeVersion(ctx); err != nil {
 		c.Close()
-		return nil, err
+		a.cri = nil
+		return err
 	}
 	cfg := pull.Config{
 		Parallelism:           f.parallelism,
@@ -203,7 +214,7 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 		MaxDelay:              f.maxDelay,
 		OverallTimeout:        f.overallTimeout,
 		PermanentAttempts:     f.permanentAttempts,
-		Gate:                  gate,
+		Gate:                  boundedRelease{Gate: gate, grace: releaseGrace, log: log},
 		Creds:                 provider,
 		Log:                   log,
 		Sleep:                 deps.Sleep,
@@ -212,7 +223,7 @@ func setup(ctx context.Context, f *agentFlags, deps *Deps, args []string) (*agen
 		cfg.Observer = a.metrics
 	}
 	a.puller = pull.New(c, cfg)
-	return a, nil
+	return nil
 }
 
 // loadList parses the list file's text, then the extra images given as

@@ -16,8 +16,8 @@ func newFetch(deps *Deps) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			start := time.Now()
-			a, err := setup(ctx, f, deps, args)
-			if err != nil {
+			a := newAgent(f, deps)
+			if err := a.init(ctx, args); err != nil {
 				return err
 			}
 			defer a.cri.Close()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -56,4 +57,45 @@ func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// releaseGrace is how long giving back a slot may hold up a shutdown.
+const releaseGrace = time.Second
+
+// boundedRelease keeps the release of a herd-control slot from holding up
+// watch's shutdown. Releasing makes API calls with timeouts of its own (it
+// must work after the run's context is done), so against a hung API server
+// it could take far longer than the 5 s watch has after SIGTERM. Once the
+// context the slot was acquired with is done, release gets releaseGrace and
+// then goes on in the background; a slot that is not cleared in time frees
+// itself after the lease duration.
+type boundedRelease struct {
+	pull.Gate
+	grace time.Duration
+	log   *slog.Logger
+}
+
+func (g boundedRelease) Acquire(ctx context.Context) (func(), error) {
+	release, err := g.Gate.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		if ctx.Err() == nil {
+			release()
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			release()
+		}()
+		t := time.NewTimer(g.grace)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			g.log.Warn("releasing the pull slot is slow; not waiting for it while terminating (the slot frees itself after its lease duration)", "waited", g.grace)
+		}
+	}, nil
 }

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,9 +25,25 @@ func newWatch(deps *Deps) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			a, err := setup(ctx, f, deps, args)
-			if err != nil {
-				return err
+			stoppedAt := doneAt(ctx)
+			a := newAgent(f, deps)
+			// The label must be gone within removeBudget of the signal, however
+			// long the loop takes to notice it.
+			exit := func() error {
+				if !removeOnExit {
+					return nil
+				}
+				return a.removeLabel(ctx, stoppedAt().Add(removeBudget))
+			}
+			if err := a.init(ctx, args); err != nil {
+				var ce *ExitCodeError
+				if ctx.Err() == nil || errors.As(err, &ce) && ce.Code == ExitUsage {
+					return err
+				}
+				// SIGTERM while starting up, typically while waiting for
+				// the runtime: the pod is going away, which is no failure.
+				a.log.Info("terminating during start-up", "interrupted", err)
+				return exit()
 			}
 			defer a.cri.Close()
 			deps.Ready()
@@ -42,23 +60,48 @@ func newWatch(deps *Deps) *cobra.Command {
 				<-ctx.Done()
 			}
 			a.log.Info("terminating")
-			if a.labeler != nil && removeOnExit {
-				if err := a.labeler.Remove(context.WithoutCancel(ctx), removeBudget); err != nil {
-					a.log.Error("removing the node label failed", "err", err)
-					return &ExitCodeError{Code: ExitError, Err: errSilent}
-				}
-				a.log.Info("node label removed", "key", a.labeler.Key)
-			}
-			return nil
+			return exit()
 		},
 	}
 	f.register(cmd, deps.Getenv)
 	cmd.Flags().DurationVar(&refresh, "refresh-interval", 10*time.Minute, "how often images and the label are checked (±10% jitter); 0 disables the checks")
 	cmd.Flags().BoolVar(&removeOnExit, "remove-label-on-exit", true, "remove this instance's node label and annotation on SIGTERM")
-	// 3s keeps the whole shutdown inside 5s, even with the API server down.
-	cmd.Flags().DurationVar(&removeBudget, "remove-label-timeout", 3*time.Second, "how long removing the label on SIGTERM may retry")
+	// 4s from the signal keeps the whole shutdown inside the 5s the issue
+	// allows, even with the API server hung: a rewrite in flight is
+	// abandoned at once, and nothing else left to do takes long.
+	cmd.Flags().DurationVar(&removeBudget, "remove-label-timeout", 4*time.Second, "how long after SIGTERM removing the label may take")
 	_ = cmd.Flags().MarkHidden("remove-label-timeout")
 	return cmd
+}
+
+// doneAt returns a function that tells when ctx ended. The time is taken
+// when ctx ends, in the background, or at the latest when asked.
+func doneAt(ctx context.Context) func() time.Time {
+	var once sync.Once
+	var at time.Time
+	mark := func() { once.Do(func() { at = time.Now() }) }
+	context.AfterFunc(ctx, mark)
+	return func() time.Time {
+		mark()
+		return at
+	}
+}
+
+// removeLabel removes this instance's label and annotation, giving up at
+// deadline. ctx is the command's context, already done: only its values
+// are kept.
+func (a *agent) removeLabel(ctx context.Context, deadline time.Time) error {
+	if a.labeler == nil {
+		return nil
+	}
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	if err := a.labeler.Remove(rctx, time.Until(deadline)); err != nil {
+		a.log.Error("removing the node label failed", "err", err)
+		return &ExitCodeError{Code: ExitError, Err: errSilent}
+	}
+	a.log.Info("node label removed", "key", a.labeler.Key)
+	return nil
 }
 
 func jitter(d time.Duration) time.Duration {
@@ -97,6 +140,10 @@ func (a *agent) check(ctx context.Context) {
 	}
 	a.log.Info("label drifted; rewriting it", "was", value, "now", s.Value(), "summary", s.Text())
 	if err := a.labeler.Apply(ctx, s); err != nil {
+		if ctx.Err() != nil {
+			a.log.Info("label rewrite abandoned: terminating", "err", err)
+			return
+		}
 		a.log.Error("labeling the node failed; will retry at the next check", "err", err)
 		return
 	}
