@@ -57,7 +57,9 @@ func TestMain(m *testing.M) {
 	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2}, &c))
 }
 
-// progress prints a line that `make e2e`'s output filter lets through, so a
+// progress prints a `>> ` line to stderr right away. `make e2e` runs
+// `go test -p 1 -v`, which streams every package's output as it comes, so
+// these lines (like the t.Logf lines of -v) show where a long run is and a
 // long wait never looks hung.
 func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, ">> "+format+"\n", args...)
