@@ -65,6 +65,7 @@ func TestExamples(t *testing.T) {
 	}
 
 	t.Run("kpt", func(t *testing.T) { testKpt(t, tl, api) })
+	t.Run("kpt-examples", func(t *testing.T) { testKptExamples(t, tl, api) })
 	t.Run("argocd", func(t *testing.T) { testArgoCD(t, tl, api) })
 	t.Run("flux", func(t *testing.T) { testFlux(t, tl, api) })
 	t.Run("scc-namereference", func(t *testing.T) { testSCCNameReferenceWithClusterSchema(t, tl, api) })
@@ -79,6 +80,16 @@ func TestEveryExampleIsTested(t *testing.T) {
 	for _, tc := range kustomizeCases {
 		if rest, ok := strings.CutPrefix(tc.copy, "examples/"); ok {
 			covered[rest] = true
+		}
+	}
+	// Every kustomize-shaped example has a kpt path too (kpt_examples_test.go).
+	kpt := map[string]bool{}
+	for _, kc := range kptCases {
+		kpt[kc.name] = true
+	}
+	for _, tc := range kustomizeCases {
+		if !kpt[tc.name] {
+			t.Errorf("%s has no entry in kptCases", tc.name)
 		}
 	}
 	entries, err := os.ReadDir(filepath.Join(tl.root, "examples"))
