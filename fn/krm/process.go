@@ -132,7 +132,8 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 			for _, o := range e.objs {
 				if o.GetKind() == "ConfigMap" {
 					if err := o.PipeE(yaml.SetAnnotation(NeedsHashAnnotation, "true")); err != nil {
-						results = append(results, fn.ErrorResult(err))
+						results = append(results, &fn.Result{Severity: fn.Error, Message: fmt.Sprintf("cannot mark the rendered ConfigMap for kustomize's hash suffix: %v", err),
+							ResourceRef: refOf(o), Field: &fn.Field{Path: "metadata.annotations"}})
 					}
 				}
 			}
@@ -199,7 +200,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 			dropped[i] = true
 			continue
 		}
-		results = append(results, conflict(e.source, fmt.Sprintf("renders %s, which already exists in the input and was not rendered by this function", idOf(it))))
+		results = append(results, conflict(e.source, fmt.Sprintf("renders %s, which already exists in the input and was not rendered by this function: rename the instance, or remove or rename that object", idOf(it))))
 	}
 	if results.ExitCode() != 0 {
 		return items, results
@@ -239,8 +240,11 @@ func setPaths(e *expansion) {
 	}
 }
 
+// conflict is an error about the names an ImagePrefetcher renders. Those
+// names derive from its metadata.name (and namespace), so that is the field
+// to change; the message names the other object.
 func conflict(src *yaml.RNode, msg string) *fn.Result {
-	return &fn.Result{Severity: fn.Error, Message: msg, ResourceRef: refOf(src), File: fileOf(src)}
+	return &fn.Result{Severity: fn.Error, Message: msg, ResourceRef: refOf(src), File: fileOf(src), Field: &fn.Field{Path: "metadata.name"}}
 }
 
 func refOf(n *yaml.RNode) *fn.ResourceRef {
@@ -288,7 +292,8 @@ func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup) ([]*yaml.RNode, f
 	}
 	objs, err := render.Render(cfg)
 	if err != nil {
-		add(render.Problems{{Severity: render.Error, Message: err.Error()}})
+		// A bug, not bad input: Validate accepted the spec.
+		add(render.Problems{{Severity: render.Error, Path: "spec", Message: "internal error, please report it: " + err.Error()}})
 		return nil, results
 	}
 	return objs, results

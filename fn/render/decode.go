@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -54,32 +56,123 @@ func (ps Problems) HasErrors() bool {
 // Decode reads an ImagePrefetcher strictly: every field that the API does
 // not define is reported with its path, instead of being dropped silently.
 func Decode(node *yaml.RNode) (*v1alpha1.ImagePrefetcher, Problems) {
+	// Duplicate and non-string keys first: the decoder below reports them
+	// by line only, and JSON cannot hold a non-string key at all.
+	var probs Problems
+	checkKeys(node.YNode(), "", &probs)
+	if len(probs) > 0 {
+		return nil, probs
+	}
 	// Straight from the yaml node to plain values and JSON: faster than
 	// RNode.MarshalJSON, which prints and re-parses YAML first.
 	var generic any
 	if err := node.YNode().Decode(&generic); err != nil {
-		return nil, Problems{errorf("", "cannot read object: %v", err)}
+		// checkKeys has ruled out what the decoder rejects in a mapping;
+		// what is left concerns the object as a whole.
+		return nil, Problems{errorf("metadata", "cannot read object: %v", err)}
+	}
+	normalizeDurations(generic, &probs)
+	// yaml.v3 gives map[string]any for string-keyed mappings, which is all
+	// the field walk needs.
+	checkFields(generic, reflect.TypeFor[v1alpha1.ImagePrefetcher](), "", &probs)
+	if len(probs) > 0 {
+		return nil, probs
 	}
 	raw, err := json.Marshal(generic)
 	if err != nil {
-		return nil, Problems{errorf("", "cannot read object: %v", err)}
-	}
-	// yaml.v3 gives map[string]any for string-keyed mappings, which is all
-	// the unknown-field walk needs.
-	var probs Problems
-	unknownFields(generic, reflect.TypeFor[v1alpha1.ImagePrefetcher](), "", &probs)
-	if len(probs) > 0 {
-		return nil, probs
+		return nil, Problems{errorf("spec", "cannot read object: %v", err)}
 	}
 	var ip v1alpha1.ImagePrefetcher
 	if err := json.Unmarshal(raw, &ip); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return nil, Problems{errorf(te.Field, "must be %s, got %s", typeName(te.Type), article(te.Value))}
+			return nil, Problems{errorf(cmpOr(te.Field, "spec"), "must be %s, got %s", typeName(te.Type), article(te.Value))}
 		}
-		return nil, Problems{errorf("", "cannot decode: %v", err)}
+		// checkFields has tried every value with its own decoder, so this
+		// is not expected; "spec" is the closest path there is.
+		return nil, Problems{errorf("spec", "cannot decode: %v", err)}
 	}
 	return &ip, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// checkKeys reports keys that appear twice in one mapping (tools disagree
+// on which one counts: yaml.v3 refuses, others keep the first or the last)
+// and keys that are not strings, with the path of the key.
+func checkKeys(n *yaml.Node, path string, probs *Problems) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			checkKeys(c, path, probs)
+		}
+	case yaml.MappingNode:
+		// Line numbers would point into the ResourceList the orchestrator
+		// built, not into the user's file; the path is what helps.
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind != yaml.ScalarNode || (k.ShortTag() != yaml.NodeTagString && k.ShortTag() != "!!merge") {
+				*probs = append(*probs, errorf(join(path, k.Value), "the key %s is not a string: quote it", k.Value))
+				continue
+			}
+			if seen[k.Value] {
+				*probs = append(*probs, errorf(join(path, k.Value), "is set twice: each key may appear once in a mapping"))
+				continue
+			}
+			seen[k.Value] = true
+			checkKeys(v, join(path, k.Value), probs)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			checkKeys(c, fmt.Sprintf("%s[%d]", path, i), probs)
+		}
+	}
+}
+
+// durationFields are the paths of the API's duration strings.
+var durationFields = [][]string{
+	{"spec", "refreshInterval"},
+	{"spec", "pull", "initialAttemptTimeout"},
+	{"spec", "pull", "maxAttemptTimeout"},
+	{"spec", "pull", "overallTimeout"},
+	{"spec", "pull", "initialRetryDelay"},
+	{"spec", "pull", "maxRetryDelay"},
+}
+
+// normalizeDurations accepts an unquoted 0 in a duration field as "0":
+// zero needs no unit, and YAML reads it as a number. Validate then decides
+// whether zero is allowed there. Any other bare number is ambiguous
+// (seconds? minutes?) and is reported with a hint instead of a type error.
+func normalizeDurations(generic any, probs *Problems) {
+	for _, fp := range durationFields {
+		m, ok := generic.(map[string]any)
+		for _, k := range fp[:len(fp)-1] {
+			if !ok {
+				break
+			}
+			m, ok = m[k].(map[string]any)
+		}
+		if !ok {
+			continue
+		}
+		last := fp[len(fp)-1]
+		switch v := m[last].(type) {
+		case int:
+			if v == 0 {
+				m[last] = "0"
+				continue
+			}
+			*probs = append(*probs, errorf(strings.Join(fp, "."), "%d has no unit: write a Go duration such as %ds or %dm (only 0 may go without one)", v, v, v))
+		case float64:
+			*probs = append(*probs, errorf(strings.Join(fp, "."), "%v has no unit: write a Go duration such as 90s, 5m or 1h30m (only 0 may go without one)", v))
+		}
+	}
 }
 
 func article(s string) string {
@@ -105,17 +198,39 @@ func typeName(t reflect.Type) string {
 	return t.String()
 }
 
-var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+var (
+	unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+	quantityType    = reflect.TypeFor[resource.Quantity]()
+	intOrStringType = reflect.TypeFor[intstr.IntOrString]()
+)
 
-// unknownFields walks a decoded JSON value alongside the Go type it will be
-// decoded into and reports keys the type has no field for.
-func unknownFields(v any, t reflect.Type, path string, probs *Problems) {
+// checkFields walks a decoded JSON value alongside the Go type it will be
+// decoded into and reports keys the type has no field for, and values that
+// a type with its own decoder rejects, each with its path: json.Unmarshal
+// reports those without one.
+func checkFields(v any, t reflect.Type, path string, probs *Problems) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	// Types with their own decoding (Quantity, IntOrString, Time) accept
-	// shapes that a struct walk would misjudge.
+	// shapes that a struct walk would misjudge: try the value on its own.
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		if v == nil {
+			return
+		}
+		b, err := json.Marshal(v)
+		if err == nil {
+			err = json.Unmarshal(b, reflect.New(t).Interface())
+		}
+		switch {
+		case err == nil:
+		case t == intOrStringType:
+			*probs = append(*probs, errorf(path, "must be an integer or a string, got %s", b))
+		case t == quantityType:
+			*probs = append(*probs, errorf(path, "%s is not a quantity: write a number with an optional unit, such as 250m, 2, 64Mi or 1Gi", b))
+		default:
+			*probs = append(*probs, errorf(path, "%s is not valid here: %v", b, err))
+		}
 		return
 	}
 	switch t.Kind() {
@@ -136,7 +251,7 @@ func unknownFields(v any, t reflect.Type, path string, probs *Problems) {
 				*probs = append(*probs, errorf(join(path, k), "unknown field %q", k))
 				continue
 			}
-			unknownFields(m[k], ft, join(path, k), probs)
+			checkFields(m[k], ft, join(path, k), probs)
 		}
 	case reflect.Slice:
 		s, ok := v.([]any)
@@ -144,7 +259,7 @@ func unknownFields(v any, t reflect.Type, path string, probs *Problems) {
 			return
 		}
 		for i, e := range s {
-			unknownFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i), probs)
+			checkFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i), probs)
 		}
 	case reflect.Map:
 		m, ok := v.(map[string]any)
@@ -157,7 +272,7 @@ func unknownFields(v any, t reflect.Type, path string, probs *Problems) {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			unknownFields(m[k], t.Elem(), join(path, k), probs)
+			checkFields(m[k], t.Elem(), join(path, k), probs)
 		}
 	}
 }

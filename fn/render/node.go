@@ -22,7 +22,7 @@ func toNode(obj any) (*yaml.RNode, error) {
 		return nil, fmt.Errorf("re-read as YAML: %w", err)
 	}
 	root := doc.Content[0]
-	prune(root, "")
+	prune(root, "", false)
 	removeKey(root, "status")
 	restyle(root)
 	// Field order as kubectl and kustomize print it (apiVersion, kind,
@@ -34,32 +34,48 @@ func toNode(obj any) (*yaml.RNode, error) {
 	return out[0], nil
 }
 
-// prune drops null values and empty maps and lists. An empty map is kept
-// where it means something: "emptyDir: {}" is a volume.
-func prune(n *yaml.Node, key string) (empty bool) {
+// userFields are the paths (in the rendered object, "[]" for any list
+// index) of the fields copied from the ImagePrefetcher as the user wrote
+// them. An empty map or list there can mean something the absent field does
+// not: "labelSelector: {}" selects every pod, while no labelSelector selects
+// none.
+var userFields = map[string]bool{
+	"spec.template.spec.affinity":                   true,
+	"spec.template.spec.tolerations":                true,
+	"spec.template.spec.nodeSelector":               true,
+	"spec.template.spec.initContainers[].resources": true,
+	"spec.template.spec.containers[].resources":     true,
+}
+
+// prune drops null values, and the empty maps and lists that the Kubernetes
+// types marshal for fields the function left unset. An empty map is kept
+// where it means something: "emptyDir: {}" is a volume, and in the user's
+// own fields (userFields) only nulls go, which JSON cannot tell from unset.
+func prune(n *yaml.Node, path string, user bool) (empty bool) {
+	user = user || userFields[path]
 	switch n.Kind {
 	case yaml.MappingNode:
 		kept := n.Content[:0]
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			if prune(v, k.Value) {
+			if prune(v, join(path, k.Value), user) {
 				continue
 			}
 			kept = append(kept, k, v)
 		}
 		n.Content = kept
-		return len(n.Content) == 0 && key != "emptyDir"
+		return len(n.Content) == 0 && !user && !strings.HasSuffix(path, ".emptyDir")
 	case yaml.SequenceNode:
 		kept := n.Content[:0]
 		for _, e := range n.Content {
 			if e.Kind == yaml.ScalarNode && e.Tag == "!!null" {
 				continue
 			}
-			prune(e, "")
+			prune(e, path+"[]", user)
 			kept = append(kept, e)
 		}
 		n.Content = kept
-		return len(n.Content) == 0
+		return len(n.Content) == 0 && !user
 	case yaml.ScalarNode:
 		return n.Tag == "!!null"
 	}

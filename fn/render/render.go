@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -45,8 +46,6 @@ type Names struct {
 	// names cannot hold '.', so the '.' separators make the name unique per
 	// (namespace, instance) pair.
 	Cluster string
-	// ServiceAccountUser is the API user name of the agent.
-	ServiceAccountUser string
 }
 
 // NamesFor returns the object names of instance name in namespace ns.
@@ -56,9 +55,30 @@ func NamesFor(ns, name string) Names {
 		Cluster:    AppName + "." + ns + "." + name,
 	}
 	n.SCCRole = n.Namespaced + "-scc"
-	n.ServiceAccountUser = "system:serviceaccount:" + ns + ":" + n.Namespaced
 	return n
 }
+
+// The agent's ClusterRole carries one more rule, on a resource that does not
+// exist: verb "label" on "agents" of the API group, by the name of the
+// instance's node key. Nothing serves that resource, so the rule grants
+// nothing; it marks the holder. The admission policy recognises the agent by
+// asking the authorizer about the mark instead of comparing user names:
+// kustomize rewrites the ClusterRoleBinding's roleRef and subjects when a
+// namePrefix or namespace is applied after the function ran, so the mark
+// follows the ServiceAccount through any rename, while a user name inside a
+// CEL string would not, and the policy would silently stop matching.
+//
+// The name is the node key, which holds a '/': no Kubernetes object can have
+// that name, so none of kustomize's nameReferences into
+// ClusterRole rules/resourceNames (ConfigMap, Secret, PersistentVolume and
+// the SCC entry of scc-namereference.yaml) can ever rewrite it.
+const (
+	MarkerResource = "agents"
+	MarkerVerb     = "label"
+)
+
+// MarkerName is the resource name of an instance's marker rule.
+func MarkerName(instance string) string { return v1alpha1.NodeKey(instance) }
 
 // Labels returns the common labels of an instance's objects.
 func Labels(name string) map[string]string {
@@ -74,8 +94,15 @@ func selectorLabels(name string) map[string]string {
 	return map[string]string{LabelName: AppName, LabelInstance: name}
 }
 
-// Hash is the sha256 of the normalized list and every setting.
+// Hash is the sha256 of the normalized list and every setting that reaches
+// the pods. A change of the hash changes the pod template, which rolls every
+// pod; settings that live outside the pod template are left out, so that
+// changing them does not restart the agents for nothing: the DaemonSet's
+// update strategy (maxUnavailable), which the controller applies without a
+// new revision, and whether the admission policy is rendered.
 func (c Config) Hash() string {
+	c.MaxUnavailable = intstr.IntOrString{}
+	c.AdmissionPolicy = false
 	b, err := json.Marshal(c)
 	if err != nil {
 		// Config holds only plain data; failing to marshal it is a bug.
@@ -112,22 +139,32 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	}
 	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: n.Namespaced, Namespace: c.Namespace}
 
-	objs := []any{
-		&corev1.ServiceAccount{TypeMeta: typ("v1", "ServiceAccount"), ObjectMeta: meta(n.Namespaced, true)},
-		&rbacv1.ClusterRole{
-			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-			ObjectMeta: meta(n.Cluster, false),
-			// Nodes cannot be narrowed by name here (the DaemonSet's node
-			// set is dynamic); the admission policy narrows each patch to
-			// the agent's own node and its own label and annotation.
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}}},
-		},
-		&rbacv1.ClusterRoleBinding{
-			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-			ObjectMeta: meta(n.Cluster, false),
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: n.Cluster},
-			Subjects:   []rbacv1.Subject{sa},
-		},
+	objs := []any{&corev1.ServiceAccount{TypeMeta: typ("v1", "ServiceAccount"), ObjectMeta: meta(n.Namespaced, true)}}
+	// The agent touches Nodes only to label them: with labeling off it gets
+	// no cluster-scoped grant at all, and needs no policy narrowing one.
+	if c.NodeLabel {
+		objs = append(objs,
+			&rbacv1.ClusterRole{
+				TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+				ObjectMeta: meta(n.Cluster, false),
+				Rules: []rbacv1.PolicyRule{
+					// Nodes cannot be narrowed by name here (the DaemonSet's
+					// node set is dynamic); the admission policy narrows each
+					// patch to the agent's own node and its own label and
+					// annotation.
+					{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
+					// The mark the admission policy matches; see MarkerResource.
+					{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{MarkerName(c.Name)}, Verbs: []string{MarkerVerb}},
+				},
+			},
+			&rbacv1.ClusterRoleBinding{
+				TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+				ObjectMeta: meta(n.Cluster, false),
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: n.Cluster},
+				Subjects:   []rbacv1.Subject{sa},
+			})
+	}
+	objs = append(objs,
 		&rbacv1.Role{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
 			ObjectMeta: meta(n.Namespaced, true),
@@ -138,8 +175,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 			ObjectMeta: meta(n.Namespaced, true),
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: n.Namespaced},
 			Subjects:   []rbacv1.Subject{sa},
-		},
-	}
+		})
 	if c.Flavor == v1alpha1.FlavorOCP {
 		objs = append(objs,
 			&rbacv1.Role{
@@ -166,8 +202,8 @@ func Render(c Config) ([]*yaml.RNode, error) {
 			Data: map[string]string{v1alpha1.ImageListKey: ""},
 		},
 		c.daemonSet(n, labels, meta(n.Namespaced, true)))
-	if c.AdmissionPolicy {
-		objs = append(objs, c.admissionPolicy(n, meta(n.Cluster, false)), &admissionv1.ValidatingAdmissionPolicyBinding{
+	if c.NodeLabel && c.AdmissionPolicy {
+		objs = append(objs, c.admissionPolicy(meta(n.Cluster, false)), &admissionv1.ValidatingAdmissionPolicyBinding{
 			TypeMeta:   typ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
 			ObjectMeta: meta(n.Cluster, false),
 			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
@@ -369,9 +405,15 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 // RBAC can only grant "patch nodes", so the policy makes sure the patch
 // touches this instance's label and annotation on the agent's own node and
 // nothing else.
-func (c Config) admissionPolicy(n Names, meta metav1.ObjectMeta) *admissionv1.ValidatingAdmissionPolicy {
+//
+// It matches the agent by the marker rule of its ClusterRole (see
+// MarkerResource), not by user name, so that it keeps matching when
+// kustomize renames the ServiceAccount after the function ran: the policy
+// fails closed under renames.
+func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmissionPolicy {
 	fail := admissionv1.Fail
 	key := v1alpha1.NodeKey(c.Name)
+	marker := fmt.Sprintf("authorizer.group('%s').resource('%s')", v1alpha1.Group, MarkerResource)
 	keep := func(field string) string {
 		return fmt.Sprintf("has(object.metadata.%[1]s) == has(oldObject.metadata.%[1]s) && (!has(object.metadata.%[1]s) || object.metadata.%[1]s == oldObject.metadata.%[1]s)", field)
 	}
@@ -391,10 +433,22 @@ func (c Config) admissionPolicy(n Names, meta metav1.ObjectMeta) *admissionv1.Va
 					},
 				}},
 			},
-			MatchConditions: []admissionv1.MatchCondition{{
-				Name:       "is-image-prefetcher-agent",
-				Expression: fmt.Sprintf("request.userInfo.username == '%s'", n.ServiceAccountUser),
-			}},
+			MatchConditions: []admissionv1.MatchCondition{
+				{
+					Name:       "is-image-prefetcher-agent",
+					Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, MarkerName(c.Name), MarkerVerb),
+				},
+				{
+					// A grant that covers every name of the marker resource
+					// (cluster-admin's "*" on "*", system:masters) also
+					// passes the check above. Such principals are not the
+					// agent and may change Nodes anyway; without this
+					// condition the policy would lock them out of every
+					// node update.
+					Name:       "not-a-wildcard-grant",
+					Expression: fmt.Sprintf("!%s.check('%s').allowed()", marker, MarkerVerb),
+				},
+			},
 			Variables: []admissionv1.Variable{
 				{Name: "key", Expression: fmt.Sprintf("'%s'", key)},
 				{Name: "oldLabels", Expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"},

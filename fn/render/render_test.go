@@ -2,8 +2,12 @@ package render
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -27,9 +31,10 @@ func mustConfig(t testing.TB, images []string, mutate func(*v1alpha1.Spec)) Conf
 }
 
 // TestHashRolls: the pod-template hash changes with the list and with any
-// setting, and only then.
+// setting that reaches the pods, and only then.
 func TestHashRolls(t *testing.T) {
-	base := mustConfig(t, []string{"debian:12", "busybox:1"}, nil).Hash()
+	baseConfig := mustConfig(t, []string{"debian:12", "busybox:1"}, nil)
+	base := baseConfig.Hash()
 	if again := mustConfig(t, []string{"debian:12", "busybox:1"}, nil).Hash(); again != base {
 		t.Errorf("same input, different hash: %s vs %s", base, again)
 	}
@@ -37,24 +42,64 @@ func TestHashRolls(t *testing.T) {
 	if same := mustConfig(t, []string{"docker.io/library/debian:12", "busybox:1", "debian:12"}, nil).Hash(); same != base {
 		t.Errorf("normalized-equal lists hash differently")
 	}
-	two := int32(2)
+	two, off, three := int32(2), false, intstr.FromInt32(3)
 	for name, c := range map[string]Config{
-		"image added":     mustConfig(t, []string{"debian:12", "busybox:1", "alpine:3"}, nil),
-		"image removed":   mustConfig(t, []string{"debian:12"}, nil),
-		"order changed":   mustConfig(t, []string{"busybox:1", "debian:12"}, nil),
-		"parallelism":     mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Pull.Parallelism = &two }),
-		"pull policy":     mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Pull.Policy = v1alpha1.PullAlways }),
-		"pull secret":     mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.ImagePullSecrets = []string{"creds"} }),
-		"refresh":         mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.RefreshInterval = "1h" }),
-		"agent image":     mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Agent.Image = "example.com/agent:1" }),
-		"timeout":         mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Pull.OverallTimeout = "1h" }),
-		"node selector":   mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.NodeSelector = map[string]string{"a": "b"} }),
-		"max unavailable": mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Flavor = v1alpha1.FlavorOCP }),
+		"image added":   mustConfig(t, []string{"debian:12", "busybox:1", "alpine:3"}, nil),
+		"image removed": mustConfig(t, []string{"debian:12"}, nil),
+		"order changed": mustConfig(t, []string{"busybox:1", "debian:12"}, nil),
+		"parallelism":   mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Pull.Parallelism = &two }),
+		"pull policy":   mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Pull.Policy = v1alpha1.PullAlways }),
+		"pull secret":   mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.ImagePullSecrets = []string{"creds"} }),
+		"refresh":       mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.RefreshInterval = "1h" }),
+		"agent image":   mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Agent.Image = "example.com/agent:1" }),
+		"timeout":       mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Pull.OverallTimeout = "1h" }),
+		"node selector": mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.NodeSelector = map[string]string{"a": "b"} }),
+		"flavor":        mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Flavor = v1alpha1.FlavorOCP }),
+		"node label":    mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.NodeLabel.Enabled = &off }),
 	} {
 		if c.Hash() == base {
 			t.Errorf("%s: hash did not change", name)
 		}
 	}
+	// Settings outside the pod template must not roll the pods: the
+	// DaemonSet controller applies a new update strategy without a new
+	// revision, and the admission policy is a separate object.
+	for name, c := range map[string]Config{
+		"max unavailable":  mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Rollout.MaxUnavailable = &three }),
+		"admission policy": mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.AdmissionPolicy = &off }),
+	} {
+		if c.Hash() != base {
+			t.Errorf("%s: hash changed; the pods would roll for a setting they do not see", name)
+		}
+		if got, want := daemonSetField(t, c, "spec", "template"), daemonSetField(t, baseConfig, "spec", "template"); got != want {
+			t.Errorf("%s: pod template changed:\n%s\nwant\n%s", name, got, want)
+		}
+	}
+	// The strategy itself does change.
+	mu := mustConfig(t, []string{"debian:12", "busybox:1"}, func(s *v1alpha1.Spec) { s.Rollout.MaxUnavailable = &three })
+	if got := daemonSetField(t, mu, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable"); got != "3\n" {
+		t.Errorf("maxUnavailable rendered as %q, want 3", got)
+	}
+}
+
+// daemonSetField renders c and returns one field of its DaemonSet as YAML.
+func daemonSetField(t *testing.T, c Config, path ...string) string {
+	t.Helper()
+	objs, err := Render(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			f, err := o.Pipe(yaml.Lookup(path...))
+			if err != nil || f == nil {
+				t.Fatalf("DaemonSet has no %v: %v", path, err)
+			}
+			return f.MustString()
+		}
+	}
+	t.Fatal("no DaemonSet rendered")
+	return ""
 }
 
 // TestNamesDoNotCollide: cluster-scoped names include the namespace with a
@@ -96,5 +141,33 @@ func BenchmarkRenderObjects(b *testing.B) {
 		if _, err := Render(c); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestDurationFieldsAreKnown: every duration field of the API is in
+// durationFields, so each accepts an unquoted 0 and explains a bare number.
+func TestDurationFieldsAreKnown(t *testing.T) {
+	known := map[string]bool{}
+	for _, fp := range durationFields {
+		known[strings.Join(fp, ".")] = true
+	}
+	var walk func(rt reflect.Type, path string)
+	walk = func(rt reflect.Type, path string) {
+		for name, ft := range jsonFields(rt) {
+			p := path + "." + name
+			switch {
+			case ft.Kind() == reflect.Struct && ft.PkgPath() == rt.PkgPath():
+				walk(ft, p)
+			case ft.Kind() == reflect.String && (strings.HasSuffix(name, "Timeout") || strings.HasSuffix(name, "Delay") || strings.HasSuffix(name, "Interval")):
+				if !known[p] {
+					t.Errorf("%s looks like a duration but is not in durationFields", p)
+				}
+				delete(known, p)
+			}
+		}
+	}
+	walk(reflect.TypeFor[v1alpha1.Spec](), "spec")
+	for p := range known {
+		t.Errorf("durationFields lists %s, which the API does not have", p)
 	}
 }

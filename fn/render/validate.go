@@ -305,6 +305,12 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 
 	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled
 	c.AdmissionPolicy = s.AdmissionPolicy == nil || *s.AdmissionPolicy
+	if c.NodeLabel && !c.AdmissionPolicy {
+		// Not an error: some clusters cannot take cluster-scoped admission
+		// objects. But the grant is then far wider than the agent's need,
+		// and whoever renders should see that.
+		p = append(p, warnf("spec.admissionPolicy", "is false: the agent's patch on nodes is then scoped by RBAC alone, so its ServiceAccount may change any label, annotation or field of every Node; keep the policy unless your cluster cannot install ValidatingAdmissionPolicies, or set spec.nodeLabel.enabled: false if you do not need the node label"))
+	}
 	return c, p
 }
 

@@ -191,8 +191,18 @@ patches:
 		t.Error("needs-hash leaked into transformer output")
 	}
 	vap := find(t, m, "ValidatingAdmissionPolicy", "image-prefetcher.dev.dev-demo")
-	if got := field(t, vap, "spec", "matchConditions", "[name=is-image-prefetcher-agent]", "expression"); !strings.Contains(got, "'system:serviceaccount:dev:image-prefetcher-dev-demo'") {
-		t.Errorf("policy does not match the overlay's ServiceAccount: %s", got)
+	// The policy matches whoever holds the instance's marker; the
+	// ClusterRole holding it is bound to the overlay's ServiceAccount.
+	if got := field(t, vap, "spec", "matchConditions", "[name=is-image-prefetcher-agent]", "expression"); !strings.Contains(got, ".name('image-prefetcher.stackrox.io/dev-demo').check('label')") {
+		t.Errorf("policy does not match the prefixed instance's marker: %s", got)
+	}
+	cr := find(t, m, "ClusterRole", "image-prefetcher.dev.dev-demo")
+	if rules := cr.MustString(); !strings.Contains(rules, "- image-prefetcher.stackrox.io/dev-demo\n") {
+		t.Errorf("ClusterRole lacks the marker of instance dev-demo:\n%s", rules)
+	}
+	crb := find(t, m, "ClusterRoleBinding", "image-prefetcher.dev.dev-demo")
+	if got := field(t, crb, "subjects", "[name=image-prefetcher-dev-demo]", "namespace"); got != "dev" {
+		t.Errorf("the marker's ClusterRole is not bound to dev/image-prefetcher-dev-demo:\n%s", crb.MustString())
 	}
 	if !strings.Contains(field(t, vap, "spec", "variables", "[name=key]", "expression"), "image-prefetcher.stackrox.io/dev-demo") {
 		t.Error("policy key is not the prefixed instance name")

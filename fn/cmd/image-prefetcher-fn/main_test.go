@@ -11,6 +11,7 @@ import (
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
 	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files from the current output")
@@ -178,6 +179,12 @@ var errorCases = []struct {
 	{name: "seed-nodes-negative", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 3\n    seedNodes: -1\n"},
 	{name: "seed-nodes-without-cap", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    seedNodes: 1\n"},
 	{name: "max-unavailable-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: 0%\n"},
+	{name: "agent-resources-bad-quantity", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      limits: {cpu: lots}\n"},
+	{name: "duplicate-key", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: 2\n    parallelism: 3\n"},
+	{name: "non-string-key", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    1: a\n"},
+	{name: "duration-bare-number", ip: baseMeta + "spec:\n  images: [debian]\n  refreshInterval: 30\n"},
+	{name: "duration-bare-zero-not-allowed", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    overallTimeout: 0\n"},
+	{name: "max-unavailable-wrong-type", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: true\n"},
 	{name: "conflicting-object", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- apiVersion: v1\n  kind: ServiceAccount\n  metadata:\n    name: image-prefetcher-demo\n    namespace: prefetch\n"},
 	{name: "duplicate-instance", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
@@ -292,9 +299,19 @@ func TestRenderedInvariants(t *testing.T) {
 					t.Errorf("%s: generator-mode ConfigMap lacks needs-hash", where)
 				}
 				text := it.String()
-				for _, bad := range []string{"status:", ": null", ": {}\n", ": []\n", "privileged: true", "allowPrivilegeEscalation: true", "add:"} {
-					if strings.Contains(strings.ReplaceAll(text, "emptyDir: {}\n", ""), bad) {
+				for _, bad := range []string{"status:", ": null", "privileged: true", "allowPrivilegeEscalation: true", "add:"} {
+					if strings.Contains(text, bad) {
 						t.Errorf("%s contains %q", where, bad)
+					}
+				}
+				// No empty map or list of the function's own making. The
+				// fields copied from the user stay as written: an empty
+				// map there can mean something ("labelSelector: {}"
+				// selects every pod), so they are left out of this check.
+				own := strings.ReplaceAll(withoutUserFields(t, it).MustString(), "emptyDir: {}\n", "")
+				for _, bad := range []string{": {}\n", ": []\n"} {
+					if strings.Contains(own, bad) {
+						t.Errorf("%s contains %q outside the user's fields", where, bad)
 					}
 				}
 				if it.GetKind() != "DaemonSet" {
@@ -336,6 +353,37 @@ func TestRenderedInvariants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withoutUserFields is a copy of a rendered object without the pod fields
+// the function copies from the ImagePrefetcher as the user wrote them.
+func withoutUserFields(t *testing.T, o *fn.KubeObject) *yaml.RNode {
+	t.Helper()
+	n := o.CopyToResourceNode()
+	if o.GetKind() != "DaemonSet" {
+		return n
+	}
+	pod, err := n.Pipe(yaml.Lookup("spec", "template", "spec"))
+	if err != nil || pod == nil {
+		t.Fatalf("DaemonSet without a pod spec: %v", err)
+	}
+	for _, f := range []string{"affinity", "tolerations", "nodeSelector"} {
+		if err := pod.PipeE(yaml.Clear(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, list := range []string{"initContainers", "containers"} {
+		cs, err := pod.Pipe(yaml.Lookup(list))
+		if err != nil || cs == nil {
+			continue
+		}
+		for _, c := range cs.Content() {
+			if err := yaml.NewRNode(c).PipeE(yaml.Clear("resources")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return n
 }
 
 func TestArguments(t *testing.T) {
