@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -49,6 +50,14 @@ type agentFlags struct {
 	versionRetryFor       time.Duration
 	permanentAttempts     int
 	labelRetryFor         time.Duration
+	statusTimeout         time.Duration
+
+	// Set from the command line by parsed.
+	labelNodeSet bool
+
+	// Reference agent flags, accepted so that its manifests keep working.
+	debug           bool
+	metricsEndpoint string
 }
 
 func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
@@ -78,6 +87,20 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.DurationVar(&f.labelRetryFor, "label-retry-timeout", 2*time.Minute, "how long transient API errors are retried when labeling")
 	_ = fs.MarkHidden("permanent-error-attempts")
 	_ = fs.MarkHidden("label-retry-timeout")
+
+	// The reference agent's other fetch flags. MarkDeprecated also hides
+	// them from the help and prints a notice when one is used.
+	fs.BoolVar(&f.debug, "debug", false, "log at debug level")
+	_ = fs.MarkDeprecated("debug", "use --log-level=debug")
+	fs.DurationVar(&f.statusTimeout, "image-list-timeout", time.Minute, "timeout of each ImageStatus call")
+	_ = fs.MarkDeprecated("image-list-timeout", "it now bounds each ImageStatus call (there is no image list call); the default, 1m, needs no setting")
+	fs.StringVar(&f.metricsEndpoint, "metrics-endpoint", "", "the reference agent's gRPC metrics aggregator")
+	_ = fs.MarkDeprecated("metrics-endpoint", "it is ignored: there is no metrics aggregator; serve Prometheus metrics with --metrics-addr")
+}
+
+// parsed records what only the command line can tell, once it is parsed.
+func (f *agentFlags) parsed(cmd *cobra.Command) {
+	f.labelNodeSet = cmd.Flags().Changed("label-node")
 }
 
 func (f *agentFlags) validate() error {
@@ -92,10 +115,25 @@ func (f *agentFlags) validate() error {
 	if f.maxConcurrentNodes < 0 || f.seedNodes < 0 {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--max-concurrent-nodes and --seed-nodes must not be negative")}
 	}
-	if f.labelNode && (f.nodeName == "" || f.instance == "") {
-		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("labeling needs --node-name and --instance (or NODE_NAME and INSTANCE_NAME); pass --label-node=false to skip it")}
+	if f.statusTimeout <= 0 {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--image-list-timeout must be positive")}
+	}
+	if missing := f.labelingMissing(); f.labelNode && missing != "" && f.labelNodeSet {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--label-node needs %s", missing)}
 	}
 	return nil
+}
+
+// labelingMissing names what labeling lacks, or is empty.
+func (f *agentFlags) labelingMissing() string {
+	var missing []string
+	if f.nodeName == "" {
+		missing = append(missing, "--node-name (or NODE_NAME)")
+	}
+	if f.instance == "" {
+		missing = append(missing, "--instance (or INSTANCE_NAME)")
+	}
+	return strings.Join(missing, " and ")
 }
 
 // agent is everything fetch and watch share once flags are parsed.
@@ -127,6 +165,16 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	log := slog.Default().With("node", f.nodeName, "instance", f.instance)
 	a.log = log
+	// The reference agent's manifests set neither the node name nor the
+	// instance, and labeling is on by default: they would stop working if
+	// that were an error. Asking for labeling explicitly still is one.
+	if missing := f.labelingMissing(); f.labelNode && missing != "" {
+		log.Warn("not labeling the node: "+missing+" unset; set them, or pass --label-node=false to go without labeling and without this warning", "missing", missing)
+		f.labelNode = false
+	}
+	if f.metricsEndpoint != "" {
+		log.Warn("--metrics-endpoint is ignored: the reference agent's metrics aggregator is not supported; serve Prometheus metrics with --metrics-addr (for example --metrics-addr=:9100) and scrape /metrics", "metricsEndpoint", f.metricsEndpoint)
+	}
 
 	var text string
 	if f.imageListFile != "" {
@@ -222,8 +270,23 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	if a.metrics != nil {
 		cfg.Observer = a.metrics
 	}
-	a.puller = pull.New(c, cfg)
+	a.puller = pull.New(statusBound{Runtime: c, timeout: f.statusTimeout}, cfg)
 	return nil
+}
+
+// statusBound bounds each ImageStatus call. ImageStatus only reads the
+// runtime's metadata, so a call that takes long means a runtime that is
+// stuck; the puller then pulls the image rather than wait for good. Pulls
+// have deadlines of their own.
+type statusBound struct {
+	pull.Runtime
+	timeout time.Duration
+}
+
+func (s statusBound) ImageStatus(ctx context.Context, ref string) (*cri.ImageInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.Runtime.ImageStatus(ctx, ref)
 }
 
 // loadList parses the list file's text, then the extra images given as

@@ -16,6 +16,7 @@ func newFetch(deps *Deps) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			start := time.Now()
+			f.parsed(cmd)
 			a := newAgent(f, deps)
 			if err := a.init(ctx, args); err != nil {
 				return err

@@ -307,15 +307,37 @@ func TestFetchRecordsEventOnOwnPod(t *testing.T) {
 
 func TestFetchUsageErrors(t *testing.T) {
 	e := newEnv(t)
-	for _, args := range [][]string{
-		{"fetch", "--pull-policy=Sometimes", "--label-node=false"},
-		{"fetch", "--no-such-flag"},
-		{"fetch", "--cri-socket=" + e.cri.Socket}, // labeling without node and instance
-		{"fetch", "--log-format=xml", "--label-node=false"},
-	} {
-		if code := e.run(args...); code != ExitUsage {
-			t.Errorf("%v: exit %d, want %d", args, code, ExitUsage)
-		}
+	sock := "--cri-socket=" + e.cri.Socket
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad pull policy", []string{"fetch", "--pull-policy=Sometimes", "--label-node=false"}, "--pull-policy"},
+		{"unknown flag", []string{"fetch", "--no-such-flag"}, "unknown flag"},
+		{"bad log format", []string{"fetch", "--log-format=xml", "--label-node=false"}, "--log-format"},
+		// Labeling asked for explicitly cannot be done without knowing
+		// where; left at its default, it is skipped instead (see
+		// TestFetchReferenceManifest).
+		{"labeling asked for without node and instance", []string{"fetch", sock, "--label-node=true"}, "--label-node needs --node-name (or NODE_NAME) and --instance (or INSTANCE_NAME)"},
+		{"labeling asked for as a bare flag", []string{"fetch", sock, "--label-node"}, "--label-node needs"},
+		{"labeling asked for without instance", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode}, "--label-node needs --instance (or INSTANCE_NAME)"},
+		{"labeling asked for without node", []string{"fetch", sock, "--label-node=true", "--instance=" + testInstance}, "--label-node needs --node-name (or NODE_NAME)\n"},
+		{"non-positive image list timeout", []string{"fetch", sock, "--label-node=false", "--image-list-timeout=0s"}, "--image-list-timeout must be positive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e.logs = &syncBuffer{}
+			if code := e.run(tt.args...); code != ExitUsage {
+				t.Errorf("exit %d, want %d", code, ExitUsage)
+			}
+			if !strings.Contains(e.logs.String(), tt.want) {
+				t.Errorf("output lacks %q:\n%s", tt.want, e.logs)
+			}
+		})
+	}
+	if n := len(e.cri.Pulls("")); n != 0 {
+		t.Errorf("%d pulls after usage errors", n)
 	}
 }
 

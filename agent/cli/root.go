@@ -112,7 +112,13 @@ func New(deps Deps) *cobra.Command {
 		SilenceErrors: true,
 		Version:       version.Version,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(deps.Stderr, g.logFormat, g.logLevel)
+			level := g.logLevel
+			// The reference agent's --debug, on fetch and watch; an explicit
+			// --log-level wins.
+			if d := cmd.Flags().Lookup("debug"); d != nil && d.Value.String() == "true" && !cmd.Flags().Changed("log-level") {
+				level = "debug"
+			}
+			log, err := newLogger(deps.Stderr, g.logFormat, level)
 			if err != nil {
 				return &ExitCodeError{Code: ExitUsage, Err: err}
 			}

@@ -26,6 +26,7 @@ func newWatch(deps *Deps) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			stoppedAt := doneAt(ctx)
+			f.parsed(cmd)
 			a := newAgent(f, deps)
 			// The label must be gone within removeBudget of the signal, however
 			// long the loop takes to notice it.
