@@ -31,18 +31,25 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// File is one regular file in the image.
+// File is one regular file, or with Dir one directory, in the image.
 type File struct {
 	// Path inside the image, absolute.
 	Path string
 	// Source is a host file to copy; Data is used when Source is empty.
 	Source string
 	Data   []byte
-	Mode   int64 // default 0o755
+	Mode   int64 // permission bits and sticky bit; default 0o755
+	// Dir makes the entry a directory (Source and Data unused).
+	Dir bool
+	// UID and GID own the entry; default root.
+	UID, GID int
 }
 
 // Spec describes an image.
 type Spec struct {
+	// Base, when set, is a layer of its own below Files, shared by every
+	// image with the same Base (as a base image's layer is).
+	Base       []File
 	Files      []File
 	Entrypoint []string
 	Cmd        []string
@@ -77,11 +84,19 @@ func Build(s Spec) (v1.Image, error) {
 	if s.Arch == "" {
 		s.Arch = runtime.GOARCH
 	}
-	layer, err := filesLayer(s.Files)
-	if err != nil {
-		return nil, err
+	groups := [][]File{s.Files}
+	if len(s.Base) > 0 {
+		groups = [][]File{s.Base, s.Files}
 	}
-	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	var layers []v1.Layer
+	for _, files := range groups {
+		layer, err := filesLayer(files)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, layer)
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layers...)
 	if err != nil {
 		return nil, fmt.Errorf("append layer: %w", err)
 	}
@@ -142,7 +157,18 @@ func filesLayer(files []File) (v1.Layer, error) {
 		if mode == 0 {
 			mode = 0o755
 		}
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.Path, "/"), Mode: mode, Size: int64(len(data)), ModTime: epoch}
+		if f.Dir {
+			if dirs[f.Path] {
+				return nil, fmt.Errorf("directory %s is declared after a file inside it, or twice", f.Path)
+			}
+			dirs[f.Path] = true
+			hdr := &tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(f.Path, "/") + "/", Mode: mode, Uid: f.UID, Gid: f.GID, ModTime: epoch}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return nil, fmt.Errorf("write tar: %w", err)
+			}
+			continue
+		}
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.Path, "/"), Mode: mode, Uid: f.UID, Gid: f.GID, Size: int64(len(data)), ModTime: epoch}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, fmt.Errorf("write tar: %w", err)
 		}
@@ -270,11 +296,51 @@ func Push(ctx context.Context, img v1.Image, ref string, opts ...remote.Option) 
 // Agent is the agent image `make oci` builds from binDir/image-prefetcher:
 // root, because the agent must reach the root-owned CRI socket.
 func Agent(binDir string) Spec {
-	return Binary(binDir+"/image-prefetcher", "0:0")
+	s := Binary(binDir+"/image-prefetcher", "0:0")
+	s.Base = DistrolessBase()
+	return s
 }
 
 // Function is the KRM function image `make oci` builds from
 // binDir/image-prefetcher-fn: distroless's nonroot user.
 func Function(binDir string) Spec {
-	return Binary(binDir+"/image-prefetcher-fn", "65532:65532")
+	s := Binary(binDir+"/image-prefetcher-fn", "65532:65532")
+	s.Base = DistrolessBase()
+	return s
+}
+
+// DistrolessBase is what the Dockerfiles' base, gcr.io/distroless/static-debian12,
+// gives a static binary at run time, as a layer built here (no network, no
+// registry but the Go proxy): its users and groups, so that the runtime
+// finds the image user's home and groups as with distroless (runc sets
+// HOME from the image's /etc/passwd: /root for the agent, /home/nonroot for
+// the function, "/" without the file), the home directories, and a
+// world-writable /tmp.
+//
+// Deliberately left out, and the only differences that matter: the CA
+// bundle (/etc/ssl/certs/ca-certificates.crt), tzdata and
+// /etc/os-release. Neither binary makes a TLS connection that uses the
+// system roots: the agent talks to the CRI over a unix socket and to the
+// API server with the service-account CA that client-go's in-cluster
+// config reads from the token volume, the function uses no network at all
+// (kpt runs it with --network none), and image pulls are containerd's. The
+// host's bundle would also make the digest depend on the machine's
+// ca-certificates version. Both binaries use UTC only.
+func DistrolessBase() []File {
+	return []File{
+		{Path: "/etc/passwd", Mode: 0o644, Data: []byte(
+			"root:x:0:0:root:/root:/sbin/nologin\n" +
+				"nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n" +
+				"nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
+		{Path: "/etc/group", Mode: 0o644, Data: []byte(
+			"root:x:0:\n" +
+				"nobody:x:65534:\n" +
+				"tty:x:5:\n" +
+				"staff:x:50:\n" +
+				"nonroot:x:65532:\n")},
+		{Path: "/home", Dir: true, Mode: 0o755},
+		{Path: "/home/nonroot", Dir: true, Mode: 0o700, UID: 65532, GID: 65532},
+		{Path: "/root", Dir: true, Mode: 0o700},
+		{Path: "/tmp", Dir: true, Mode: 0o1777},
+	}
 }

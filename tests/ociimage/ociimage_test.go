@@ -3,11 +3,15 @@ package ociimage_test
 import (
 	"archive/tar"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -296,6 +300,209 @@ func TestProjectImages(t *testing.T) {
 			}
 			if len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != tt.entrypoint || cf.Config.User != tt.user {
 				t.Fatalf("entrypoint %q user %q, want [%q] %q", cf.Config.Entrypoint, cf.Config.User, tt.entrypoint, tt.user)
+			}
+		})
+	}
+}
+
+// repoRoot is the repository root, from this package's directory.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("no go.mod at %s: %v", root, err)
+	}
+	return root
+}
+
+// finalStage returns the FROM, USER and ENTRYPOINT of a Dockerfile's last
+// stage (continuation lines are not needed for those three).
+func finalStage(t *testing.T, path string) (from, user string, entrypoint []string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		cmd, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+		switch strings.ToUpper(cmd) {
+		case "FROM":
+			from, user, entrypoint = args, "", nil
+		case "USER":
+			user = args
+		case "ENTRYPOINT":
+			entrypoint = nil
+			if err := json.Unmarshal([]byte(args), &entrypoint); err != nil {
+				t.Fatalf("%s: ENTRYPOINT %s is not in exec form: %v", path, args, err)
+			}
+		}
+	}
+	return from, user, entrypoint
+}
+
+// The images `make oci` builds stand in for the Dockerfiles' images: the
+// same entrypoint and user as the Dockerfile's final stage, and, below the
+// binary, a layer with what distroless/static gives the binary at run time
+// (ociimage.DistrolessBase), shared by both images as the base image's
+// layer is. The CA bundle is the one deliberate difference (see
+// DistrolessBase): this test fails if it or anything else creeps in.
+func TestProjectImagesMatchDockerfiles(t *testing.T) {
+	root := repoRoot(t)
+	dir := t.TempDir()
+	for _, n := range []string{"image-prefetcher", "image-prefetcher-fn"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var baseDigests []v1.Hash
+	for _, tt := range []struct {
+		dockerfile string
+		spec       ociimage.Spec
+		home       string // the image user's home, from /etc/passwd
+	}{
+		{"Dockerfile", ociimage.Agent(dir), "/root"},
+		{"Dockerfile.fn", ociimage.Function(dir), "/home/nonroot"},
+	} {
+		t.Run(tt.dockerfile, func(t *testing.T) {
+			from, user, entrypoint := finalStage(t, filepath.Join(root, tt.dockerfile))
+			if !strings.HasPrefix(from, "gcr.io/distroless/static-debian12") {
+				t.Fatalf("%s's final stage is FROM %s: DistrolessBase stands in for gcr.io/distroless/static-debian12; revisit it", tt.dockerfile, from)
+			}
+			img, err := ociimage.Build(tt.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cf.Config.User != user {
+				t.Errorf("user %q, %s says USER %s", cf.Config.User, tt.dockerfile, user)
+			}
+			if !slices.Equal(cf.Config.Entrypoint, entrypoint) {
+				t.Errorf("entrypoint %q, %s says %q", cf.Config.Entrypoint, tt.dockerfile, entrypoint)
+			}
+			layers, err := img.Layers()
+			if err != nil || len(layers) != 2 {
+				t.Fatalf("want a base layer and the binary's layer, got %d (%v)", len(layers), err)
+			}
+			d, _ := layers[0].Digest()
+			baseDigests = append(baseDigests, d)
+
+			fs := files(t, img)
+			var names []string
+			for n, h := range fs {
+				names = append(names, fmt.Sprintf("%s %o %d:%d", n, h.Mode, h.Uid, h.Gid))
+			}
+			slices.Sort(names)
+			want := []string{
+				"etc/ 755 0:0",
+				"etc/group 644 0:0",
+				"etc/passwd 644 0:0",
+				"home/ 755 0:0",
+				"home/nonroot/ 700 65532:65532",
+				"root/ 700 0:0",
+				"tmp/ 1777 0:0",
+				"usr/ 755 0:0",
+				"usr/local/ 755 0:0",
+				"usr/local/bin/ 755 0:0",
+				strings.TrimPrefix(entrypoint[0], "/") + " 755 0:0",
+			}
+			slices.Sort(want)
+			if !slices.Equal(names, want) {
+				t.Errorf("image files:\n  %s\nwant:\n  %s", strings.Join(names, "\n  "), strings.Join(want, "\n  "))
+			}
+			// The image user has an entry, with its home, as in distroless.
+			uid, gid, _ := strings.Cut(user, ":")
+			passwd := string(fileData(t, img, "etc/passwd"))
+			if !strings.Contains(passwd, ":x:"+uid+":"+gid+":") || !strings.Contains(passwd, ":"+tt.home+":") {
+				t.Errorf("/etc/passwd has no entry for %s with home %s:\n%s", user, tt.home, passwd)
+			}
+			if !strings.Contains(string(fileData(t, img, "etc/group")), ":x:"+gid+":") {
+				t.Errorf("/etc/group has no group %s", gid)
+			}
+		})
+	}
+	if len(baseDigests) == 2 && baseDigests[0] != baseDigests[1] {
+		t.Errorf("the two images have different base layers: %v", baseDigests)
+	}
+}
+
+func fileData(t *testing.T, img v1.Image, name string) []byte {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Name == name {
+				data, err := io.ReadAll(tr)
+				rc.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return data
+			}
+		}
+		rc.Close()
+	}
+	t.Fatalf("%s is not in the image", name)
+	return nil
+}
+
+// The layouts `make oci` wrote are the images of this build: the same
+// digest as ociimage.Agent/Function of ./bin (which the cluster tests push),
+// with the Dockerfiles' entrypoint and user and this machine's os/arch.
+func TestMakeOCILayouts(t *testing.T) {
+	root := repoRoot(t)
+	bin := filepath.Join(root, "bin")
+	for _, tt := range []struct {
+		layout, dockerfile string
+		spec               ociimage.Spec
+	}{
+		{"out/oci/image-prefetcher", "Dockerfile", ociimage.Agent(bin)},
+		{"out/oci/image-prefetcher-fn", "Dockerfile.fn", ociimage.Function(bin)},
+	} {
+		t.Run(tt.layout, func(t *testing.T) {
+			img, err := ociimage.ReadLayout(filepath.Join(root, tt.layout))
+			if err != nil {
+				t.Fatalf("%v: run `make oci`", err)
+			}
+			want, err := ociimage.Build(tt.spec)
+			if err != nil {
+				t.Fatalf("%v: run `make build`", err)
+			}
+			gd, _ := img.Digest()
+			wd, _ := want.Digest()
+			if gd != wd {
+				t.Errorf("%s holds %s, but ./bin gives %s: the layout is stale, run `make oci`", tt.layout, gd, wd)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, user, entrypoint := finalStage(t, filepath.Join(root, tt.dockerfile))
+			if cf.Config.User != user || !slices.Equal(cf.Config.Entrypoint, entrypoint) {
+				t.Errorf("user %q entrypoint %q, %s says %q %q", cf.Config.User, cf.Config.Entrypoint, tt.dockerfile, user, entrypoint)
+			}
+			if cf.OS != "linux" || cf.Architecture != runtime.GOARCH {
+				t.Errorf("platform %s/%s, want linux/%s", cf.OS, cf.Architecture, runtime.GOARCH)
 			}
 		})
 	}
