@@ -9,6 +9,9 @@ VERSION           := $(shell cat VERSION)
 BIN               := $(CURDIR)/bin
 LDFLAGS           := -s -w -X $(MODULE)/fn/version.Version=$(VERSION)
 KUSTOMIZE_VERSION := v5.8.2
+# kpt is not go-installable at a pinned version (its module needs a newer
+# toolchain and replaces), so `make tools` checks the one on PATH instead.
+KPT_VERSION       := 1.0.0-beta.56
 KUBE_VERSION      := v1.36.3
 KUBE_BIN_DIR      ?= $(HOME)/.cache/image-prefetcher/kube/$(KUBE_VERSION)
 APT_PACKAGES      := containerd runc etcd-server containernetworking-plugins iptables iproute2 util-linux
@@ -32,7 +35,16 @@ $(BIN)/image-prefetcher-fn: FORCE
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
 
 ## ---- tools and host dependencies ----------------------------------------------
-tools: $(BIN)/kustomize
+tools: $(BIN)/kustomize kpt-check
+
+# tests/examples runs the real `kpt fn render` and `kpt fn eval`; a missing or
+# different kpt fails here, with the fix, instead of half-way through a test.
+.PHONY: kpt-check
+kpt-check:
+	@kpt=$$(command -v kpt) || { echo "!! kpt not found on PATH. Install kpt $(KPT_VERSION): curl -fsSL -o /usr/bin/kpt https://github.com/kptdev/kpt/releases/download/v$(KPT_VERSION)/kpt_linux_amd64 && chmod +x /usr/bin/kpt (see docs/testing.md)" >&2; exit 1; }; \
+	 v=$$("$$kpt" version 2>&1) || { echo "!! $$kpt version failed: $$v" >&2; exit 1; }; \
+	 if [ "$$v" != "$(KPT_VERSION)" ]; then echo "!! $$kpt reports version '$$v', want $(KPT_VERSION): install it as docs/testing.md says" >&2; exit 1; fi; \
+	 echo ">> kpt $$v at $$kpt"
 
 # kubectl kustomize cannot run exec functions; the standalone binary can.
 $(BIN)/kustomize:
@@ -78,7 +90,9 @@ unit:
 
 # Tests against real components. They fail loudly, never skip, when
 # something they need is missing.
-e2e: build tools host-deps kube
+# oci: the cluster smoke test pulls the out/oci layouts through a node's
+# containerd, so they must be the ones of this build.
+e2e: build tools host-deps kube oci
 	@echo ">> tests against real components"
 	go test -p 1 -timeout 60m -v ./tests/...
 
