@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
@@ -71,6 +70,8 @@ type Config struct {
 	Observer Observer
 	Log      *slog.Logger
 	// Sleep waits between attempts; tests replace it to run without delays.
+	// It is called for several images at once, and must return ctx's error
+	// when ctx ends first.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Rand returns a uniform number in [0,1) for jitter.
 	Rand func() float64
@@ -158,8 +159,8 @@ func New(rt Runtime, cfg Config) *Puller {
 }
 
 // Run makes every valid entry present, following policy (the configured one
-// when empty), and returns one result per entry in list order. It returns an
-// error only when ctx ends before the gate could be acquired.
+// when empty), and returns one result per entry in list order. When ctx ends
+// before the gate is acquired, every image to pull is reported as Timeout.
 func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1alpha1.PullPolicy) []Result {
 	if policy == "" {
 		policy = p.cfg.Policy
@@ -192,22 +193,11 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.OverallTimeout)
 	defer cancel()
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for range min(p.cfg.Parallelism, len(todo)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				p.pullOne(pctx, &results[i])
-			}
-		}()
+	jobs := make([]*job, len(todo))
+	for k, i := range todo {
+		jobs[k] = p.newJob(&results[i])
 	}
-	for _, i := range todo {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
+	p.pullAll(pctx, jobs)
 	return results
 }
 
@@ -235,56 +225,171 @@ func (p *Puller) needsPull(ctx context.Context, r *Result, policy v1alpha1.PullP
 	return false
 }
 
-func (p *Puller) pullOne(ctx context.Context, r *Result) {
-	log := p.cfg.Log.With("image", r.Normalized)
-	start := time.Now()
-	auths := p.cfg.Creds.Lookup(ctx, r.Normalized)
-	attemptTimeout := p.cfg.InitialAttemptTimeout
-	delay := p.cfg.InitialDelay
-	permanent := 0
-	var lastErr error
-	var lastReason string
+// job is one image being pulled: its result and its retry state.
+type job struct {
+	r              *Result
+	log            *slog.Logger
+	start          time.Time
+	auths          []cri.Auth
+	lookedUp       bool
+	attemptTimeout time.Duration
+	delay          time.Duration
+	permanent      int
+	lastErr        error
+	lastReason     string
+}
+
+func (p *Puller) newJob(r *Result) *job {
+	return &job{
+		r:              r,
+		log:            p.cfg.Log.With("image", r.Normalized),
+		attemptTimeout: p.cfg.InitialAttemptTimeout,
+		delay:          p.cfg.InitialDelay,
+	}
+}
+
+// attemptDone is the outcome of one attempt, with the image's size after a
+// success.
+type attemptDone struct {
+	j     *job
+	err   error
+	bytes uint64
+}
+
+// backoffDone says that an image's delay before its next attempt is over;
+// err is set when the run ended during the delay.
+type backoffDone struct {
+	j   *job
+	err error
+}
+
+// pullAll pulls every job with at most Parallelism of them in the runtime at
+// once. A slot is held only while the runtime works on an image, never during
+// the delay before a retry: otherwise Parallelism images on a failing
+// registry would keep every other image from the runtime until the overall
+// timeout. Images wait for a slot in one FIFO queue, in list order at first,
+// and an image whose delay is over joins its end. So an image, new or
+// retrying, waits only for one attempt of each image queued ahead of it:
+// neither the images on a failing registry nor the fresh ones can keep the
+// others from the runtime for good.
+//
+// Only this goroutine touches the queue, the counters and the results; the
+// goroutines it starts report back on channels.
+func (p *Puller) pullAll(ctx context.Context, queue []*job) {
+	attempts := make(chan attemptDone)
+	backoffs := make(chan backoffDone)
+	inFlight, sleeping := 0, 0
 	for {
-		r.Attempts++
-		err := p.attempt(ctx, r.Normalized, auths, attemptTimeout)
-		if err == nil {
-			r.Present, r.Pulled, r.Reason, r.Message = true, true, "", ""
-			r.Duration = time.Since(start)
-			if info, serr := p.rt.ImageStatus(ctx, r.Normalized); serr == nil && info != nil {
-				r.Bytes = info.Size
+		if ctx.Err() != nil {
+			for _, j := range queue {
+				p.giveUp(ctx, j)
 			}
-			p.cfg.Observer.Attempt("success")
-			p.cfg.Observer.Pulled(r.Normalized, r.Duration, r.Bytes)
-			log.Info("pulled", "attempts", r.Attempts, "duration", r.Duration.Round(time.Millisecond), "bytes", r.Bytes)
+			queue = nil
+		}
+		for inFlight < p.cfg.Parallelism && len(queue) > 0 {
+			j := queue[0]
+			queue = queue[1:]
+			if j.r.Attempts == 0 {
+				j.start = time.Now()
+			}
+			j.r.Attempts++
+			inFlight++
+			go func() { attempts <- p.runAttempt(ctx, j) }()
+		}
+		if inFlight == 0 && sleeping == 0 && len(queue) == 0 {
 			return
 		}
-		class, reason := Classify(err)
-		p.cfg.Observer.Attempt(class)
-		lastErr, lastReason = err, reason
-		if ctx.Err() != nil {
-			break
+		// Queued images are given up on as soon as the run ends, without
+		// waiting for the calls in flight to notice.
+		var done <-chan struct{}
+		if len(queue) > 0 {
+			done = ctx.Done()
 		}
-		if class == Permanent {
-			permanent++
-			if permanent >= p.cfg.PermanentAttempts {
-				break
+		select {
+		case d := <-attempts:
+			inFlight--
+			if wait, retry := p.settle(ctx, d); retry {
+				sleeping++
+				go func() { backoffs <- backoffDone{d.j, p.cfg.Sleep(ctx, wait)} }()
 			}
+		case b := <-backoffs:
+			sleeping--
+			if b.err != nil {
+				p.giveUp(ctx, b.j)
+				continue
+			}
+			queue = append(queue, b.j)
+		case <-done:
 		}
-		wait := Jitter(delay, p.cfg.Rand())
-		log.Warn("pull attempt failed", "attempt", r.Attempts, "class", class, "reason", reason, "retryIn", wait.Round(time.Millisecond), "err", err)
-		if p.cfg.Sleep(ctx, wait) != nil {
-			break
-		}
-		delay = Doubling(delay, p.cfg.MaxDelay)
-		attemptTimeout = Doubling(attemptTimeout, p.cfg.MaxAttemptTimeout)
 	}
-	r.Duration = time.Since(start)
-	r.Reason, r.Message = lastReason, lastErr.Error()
-	if ctx.Err() != nil && lastReason != ReasonNotFound && lastReason != ReasonUnauthorized && lastReason != ReasonForbidden {
+}
+
+// runAttempt makes one attempt while holding a slot. The credential lookup
+// and the size query after a success also run here, because both may be slow
+// (an exec plugin, a busy runtime) and must not stall the other images.
+func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
+	if !j.lookedUp {
+		j.auths, j.lookedUp = p.cfg.Creds.Lookup(ctx, j.r.Normalized), true
+	}
+	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, j.auths, j.attemptTimeout)}
+	if d.err == nil {
+		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
+			d.bytes = info.Size
+		}
+	}
+	return d
+}
+
+// settle records an attempt's outcome. It returns the delay before the next
+// attempt, and false when the image is done: pulled, or given up on.
+func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool) {
+	j, r := d.j, d.j.r
+	if d.err == nil {
+		r.Present, r.Pulled, r.Reason, r.Message = true, true, "", ""
+		r.Duration, r.Bytes = time.Since(j.start), d.bytes
+		p.cfg.Observer.Attempt("success")
+		p.cfg.Observer.Pulled(r.Normalized, r.Duration, r.Bytes)
+		j.log.Info("pulled", "attempts", r.Attempts, "duration", r.Duration.Round(time.Millisecond), "bytes", r.Bytes)
+		return 0, false
+	}
+	class, reason := Classify(d.err)
+	p.cfg.Observer.Attempt(class)
+	j.lastErr, j.lastReason = d.err, reason
+	if ctx.Err() != nil {
+		p.giveUp(ctx, j)
+		return 0, false
+	}
+	if class == Permanent {
+		j.permanent++
+		if j.permanent >= p.cfg.PermanentAttempts {
+			p.giveUp(ctx, j)
+			return 0, false
+		}
+	}
+	wait := Jitter(j.delay, p.cfg.Rand())
+	j.log.Warn("pull attempt failed", "attempt", r.Attempts, "class", class, "reason", reason, "retryIn", wait.Round(time.Millisecond), "err", d.err)
+	j.delay = Doubling(j.delay, p.cfg.MaxDelay)
+	j.attemptTimeout = Doubling(j.attemptTimeout, p.cfg.MaxAttemptTimeout)
+	return wait, true
+}
+
+// giveUp reports a failed image. A permanent reason is kept even when the
+// run ended meanwhile: it says more than Timeout would.
+func (p *Puller) giveUp(ctx context.Context, j *job) {
+	r := j.r
+	if r.Attempts == 0 {
 		r.Reason = ReasonTimeout
-		r.Message = fmt.Sprintf("gave up after %d attempts when the overall timeout ran out: %v", r.Attempts, lastErr)
+		r.Message = fmt.Sprintf("not attempted: the overall timeout ran out while it waited for a pull slot (parallelism %d): %v", p.cfg.Parallelism, ctx.Err())
+		j.log.Error("pull failed", "attempts", 0, "reason", r.Reason, "err", ctx.Err())
+		return
 	}
-	log.Error("pull failed", "attempts", r.Attempts, "reason", r.Reason, "err", lastErr)
+	r.Duration = time.Since(j.start)
+	r.Reason, r.Message = j.lastReason, j.lastErr.Error()
+	if ctx.Err() != nil && j.lastReason != ReasonNotFound && j.lastReason != ReasonUnauthorized && j.lastReason != ReasonForbidden {
+		r.Reason = ReasonTimeout
+		r.Message = fmt.Sprintf("gave up after %d attempts when the overall timeout ran out: %v", r.Attempts, j.lastErr)
+	}
+	j.log.Error("pull failed", "attempts", r.Attempts, "reason", r.Reason, "err", j.lastErr)
 }
 
 // attempt tries every credential, then anonymous, each with its own

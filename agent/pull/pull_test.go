@@ -9,20 +9,20 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
 
-// memRuntime is an in-memory Runtime.
+// memRuntime is an in-memory Runtime where every pull succeeds.
 type memRuntime struct {
 	mu      sync.Mutex
 	present map[string]bool
 	pulls   map[string]int
-	active  int32
-	peak    int32
-	block   chan struct{}
 }
 
 func (m *memRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo, error) {
@@ -34,18 +34,7 @@ func (m *memRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo,
 	return nil, nil
 }
 
-func (m *memRuntime) PullImage(ctx context.Context, ref string, _ *cri.Auth) (string, error) {
-	n := atomic.AddInt32(&m.active, 1)
-	defer atomic.AddInt32(&m.active, -1)
-	for {
-		p := atomic.LoadInt32(&m.peak)
-		if n <= p || atomic.CompareAndSwapInt32(&m.peak, p, n) {
-			break
-		}
-	}
-	if m.block != nil {
-		<-m.block
-	}
+func (m *memRuntime) PullImage(_ context.Context, ref string, _ *cri.Auth) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.pulls[ref]++
@@ -115,32 +104,128 @@ func TestPolicies(t *testing.T) {
 }
 
 func TestParallelismBound(t *testing.T) {
-	rt := &memRuntime{present: map[string]bool{}, pulls: map[string]int{}, block: make(chan struct{})}
-	p := New(rt, Config{Parallelism: 2, Creds: noCreds{}})
-	done := make(chan []Result)
-	go func() { done <- p.Run(context.Background(), entries("a:1", "b:1", "c:1", "d:1", "e:1"), "") }()
-	// Let pulls through one by one; never more than two run at once.
-	for range 5 {
-		rt.block <- struct{}{}
+	cases := []struct {
+		name        string
+		parallelism int
+		images      []string
+		// failFirst is how many 503s an image gets before it succeeds. The
+		// first parallelism images must fail at least once for the run to
+		// have an image in backoff while the slots are full.
+		failFirst map[string]int
+	}{
+		{"all healthy", 2, []string{"a:1", "b:1", "c:1", "d:1", "e:1"}, nil},
+		{"retries in backoff", 2, []string{"a:1", "b:1", "c:1", "d:1", "e:1"}, map[string]int{"a:1": 2, "b:1": 1}},
+		{"one slot", 1, []string{"a:1", "b:1", "c:1"}, map[string]int{"a:1": 3}},
+		{"three slots", 3, []string{"a:1", "b:1", "c:1", "d:1", "e:1", "f:1"}, map[string]int{"a:1": 1, "b:1": 2, "c:1": 1, "e:1": 2}},
 	}
-	res := <-done
-	if peak := atomic.LoadInt32(&rt.peak); peak > 2 || peak < 1 {
-		t.Errorf("peak concurrency %d, want at most 2", peak)
-	}
-	for _, r := range res {
-		if !r.Present {
-			t.Errorf("%+v", r)
-		}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := entries(c.images...)
+			fail := map[string]int{}
+			total := len(e)
+			for _, x := range e {
+				fail[x.Normalized] = c.failFirst[x.Ref]
+				total += c.failFirst[x.Ref]
+			}
+			rt := newScriptRuntime(func(ref string, n int) error {
+				if n <= fail[ref] {
+					return fakecri.HTTPStatus(ref, "docker.io", "503 Service Unavailable")
+				}
+				return nil
+			})
+			rt.release = make(chan struct{})
+			rt.arrived = make(chan string, total)
+			p := New(rt, Config{Parallelism: c.parallelism, Creds: noCreds{}, Log: discard, OverallTimeout: guard,
+				Sleep: func(ctx context.Context, _ time.Duration) error { return ctx.Err() }})
+			done := make(chan []Result, 1)
+			go func() { done <- p.Run(context.Background(), e, "") }()
+			next := func() {
+				t.Helper()
+				select {
+				case <-rt.arrived:
+				case res := <-done:
+					t.Fatalf("run ended while a call was expected: %+v", res)
+				}
+			}
+			// Fill every slot and let one call finish: the first
+			// parallelism images all fail first, so it fails. Nothing else
+			// is released until the next call starts, so that call is
+			// recorded with every slot busy.
+			for range c.parallelism {
+				next()
+			}
+			rt.release <- struct{}{}
+			next()
+			// Then let the rest through in any order.
+			var res []Result
+			for res == nil {
+				select {
+				case rt.release <- struct{}{}:
+				case res = <-done:
+				}
+			}
+			for _, r := range res {
+				if !r.Present || r.Attempts != fail[r.Normalized]+1 {
+					t.Errorf("%+v, want present after %d attempts", r, fail[r.Normalized]+1)
+				}
+			}
+			var busyWhileWaiting bool
+			for _, a := range rt.arrivalsSnapshot() {
+				if a.active > c.parallelism {
+					t.Errorf("%d calls in flight when %s started, want at most %d", a.active, a.image, c.parallelism)
+				}
+				if a.active == c.parallelism && a.waiting > 0 {
+					busyWhileWaiting = true
+				}
+			}
+			// A slot freed by an image in backoff must go to another image.
+			if len(c.failFirst) > 0 && !busyWhileWaiting {
+				t.Errorf("no call started while %d slot(s) were busy and an image waited for its retry: %+v", c.parallelism, rt.arrivalsSnapshot())
+			}
+		})
 	}
 }
 
-func TestOverallTimeoutEndsTransientRetries(t *testing.T) {
-	rt := &failing{}
-	p := New(rt, Config{Creds: noCreds{}, OverallTimeout: 50 * time.Millisecond,
-		Sleep: func(ctx context.Context, _ time.Duration) error { <-ctx.Done(); return ctx.Err() }})
-	res := p.Run(context.Background(), entries("a:1"), "")
-	if res[0].Present || res[0].Reason != ReasonTimeout {
-		t.Errorf("%+v", res[0])
+func TestOverallTimeoutEndsTheRun(t *testing.T) {
+	untilDone := func(ctx context.Context, _ time.Duration) error { <-ctx.Done(); return ctx.Err() }
+	cases := []struct {
+		name    string
+		rt      Runtime
+		images  []string
+		message []string // per image, a part of the message
+		calls   []int    // per image, PullImage calls reaching the runtime; -1: not counted
+	}{
+		{"transient retries", failing{}, []string{"a:1"},
+			[]string{"gave up after 1 attempts when the overall timeout ran out"}, []int{-1}},
+		// The stalled pull holds the only slot until the overall timeout, so
+		// the second image is never sent to the runtime.
+		{"queued image", newScriptRuntime(func(ref string, _ int) error {
+			if ref == "docker.io/library/stall:1" {
+				return status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+			}
+			return nil
+		}), []string{"stall:1", "queued:1"},
+			[]string{"gave up after 1 attempts", "not attempted: the overall timeout ran out while it waited for a pull slot"}, []int{1, 0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if sr, ok := c.rt.(*scriptRuntime); ok {
+				// Hold the stalled call until its context ends.
+				sr.release = make(chan struct{})
+			}
+			p := New(c.rt, Config{Creds: noCreds{}, Log: discard, OverallTimeout: 50 * time.Millisecond, Sleep: untilDone})
+			res := p.Run(context.Background(), entries(c.images...), "")
+			for i, r := range res {
+				if r.Present || r.Reason != ReasonTimeout || !strings.Contains(r.Message, c.message[i]) {
+					t.Errorf("%+v, want Timeout with %q", r, c.message[i])
+				}
+				if sr, ok := c.rt.(*scriptRuntime); ok && c.calls[i] >= 0 {
+					if n := sr.callsFor(r.Normalized); n != c.calls[i] || r.Attempts != c.calls[i] {
+						t.Errorf("%s: %d calls, %d attempts, want %d", r.Image, n, r.Attempts, c.calls[i])
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -241,6 +326,12 @@ func (m *scriptRuntime) PullImage(ctx context.Context, ref string, _ *cri.Auth) 
 	return ref, err
 }
 
+func (m *scriptRuntime) arrivalsSnapshot() []arrival {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]arrival(nil), m.arrivals...)
+}
+
 func (m *scriptRuntime) callsFor(ref string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -288,6 +379,116 @@ func TestPermanentErrorsGiveUpAfterThreeAttempts(t *testing.T) {
 			}
 			if !res[1].Present || !res[1].Pulled {
 				t.Errorf("the other image: %+v", res[1])
+			}
+		})
+	}
+}
+
+// Images on a failing registry must not keep the others from the runtime:
+// a slot is only held while a call is in flight, and an image whose delay
+// is over queues behind the images already waiting.
+func TestFailingImagesDoNotStarveOthers(t *testing.T) {
+	// The backoff outlasts the run: the image waits until the run ends.
+	untilDone := func(ctx context.Context, _ time.Duration) error { <-ctx.Done(); return ctx.Err() }
+	// The backoff is over at once: the image competes for a slot again.
+	instant := func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	const (
+		down  = "down"  // always 503
+		flaky = "flaky" // 503 once, then fine
+	)
+	type want struct {
+		present bool
+		// calls is the exact number of PullImage calls; 0 means at least one.
+		calls int
+	}
+	cases := []struct {
+		name        string
+		parallelism int
+		sleep       func(context.Context, time.Duration) error
+		images      []string
+		behavior    map[string]string
+		// hold keeps the first call of every down image in the runtime
+		// until this many of them are in flight, so that the slots are
+		// all taken by the failing registry before any image moves on.
+		hold int
+		want map[string]want
+	}{
+		{"backoff outlasts the run", 1, untilDone, []string{"bad:1", "good:1"},
+			map[string]string{"bad:1": down}, 0,
+			map[string]want{"bad:1": {false, 1}, "good:1": {true, 1}}},
+		{"every slot on a failing registry", 2, untilDone, []string{"bad:1", "bad:2", "good:1"},
+			map[string]string{"bad:1": down, "bad:2": down}, 2,
+			map[string]want{"bad:1": {false, 1}, "bad:2": {false, 1}, "good:1": {true, 1}}},
+		{"instant retries do not monopolise the slot", 1, instant, []string{"bad:1", "good:1"},
+			map[string]string{"bad:1": down}, 0,
+			map[string]want{"bad:1": {false, 0}, "good:1": {true, 1}}},
+		// Two images retrying at once must not take turns forever ahead of
+		// a third whose delay is over.
+		{"a retry is not overtaken forever", 1, instant, []string{"flaky:1", "bad:1", "bad:2"},
+			map[string]string{"flaky:1": flaky, "bad:1": down, "bad:2": down}, 0,
+			map[string]want{"flaky:1": {true, 2}, "bad:1": {false, 0}, "bad:2": {false, 0}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := entries(c.images...)
+			behavior := map[string]string{}
+			waitFor := map[string]bool{}
+			for _, x := range e {
+				behavior[x.Normalized] = c.behavior[x.Ref]
+				if c.want[x.Ref].present {
+					waitFor[x.Normalized] = true
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var held sync.WaitGroup
+			held.Add(c.hold)
+			rt := newScriptRuntime(func(ref string, n int) error {
+				switch behavior[ref] {
+				case down:
+					if c.hold > 0 && n == 1 {
+						held.Done()
+						held.Wait()
+					}
+					return fakecri.HTTPStatus(ref, "registry-1.docker.io", "503 Service Unavailable")
+				case flaky:
+					if n == 1 {
+						return fakecri.HTTPStatus(ref, "registry-1.docker.io", "503 Service Unavailable")
+					}
+				}
+				return nil
+			})
+			var mu sync.Mutex
+			rt.pulled = func(ref string) {
+				// Once the images that can be pulled are, only the failing
+				// ones are left, and they would retry until the guard.
+				mu.Lock()
+				defer mu.Unlock()
+				delete(waitFor, ref)
+				if len(waitFor) == 0 {
+					cancel()
+				}
+			}
+			p := New(rt, Config{Parallelism: c.parallelism, Creds: noCreds{}, Log: discard, OverallTimeout: guard, Sleep: c.sleep})
+			res := p.Run(ctx, e, "")
+			for _, r := range res {
+				w := c.want[r.Image]
+				n := rt.callsFor(r.Normalized)
+				switch {
+				case n == 0:
+					t.Errorf("%s: never sent to the runtime", r.Image)
+				case w.calls > 0 && n != w.calls:
+					t.Errorf("%s: %d PullImage calls, want %d", r.Image, n, w.calls)
+				}
+				if w.present {
+					if !r.Present || !r.Pulled || r.Attempts != n {
+						t.Errorf("%+v, want pulled, one attempt per call (%d calls)", r, n)
+					}
+					continue
+				}
+				if r.Present || r.Reason != ReasonTimeout || !strings.Contains(r.Message, "503 Service Unavailable") {
+					t.Errorf("%+v, want Timeout after 503s", r)
+				}
 			}
 		})
 	}
