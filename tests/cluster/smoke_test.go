@@ -2,15 +2,20 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/image-prefetcher/image-prefetcher/fn/version"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
@@ -189,29 +195,14 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("registry saw %d manifest requests for e2e/smoke, want one per node at least", len(reqs))
 	}
 
-	// The project's images, assembled as `make oci` does, are pulled by
-	// their default references through the CRI, with their users.
-	agentRef, fnRef, err := c.PushProjectImages(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The images `make oci` wrote to out/oci, pushed as they are under
+	// their default references, pulled and unpacked by a node's containerd
+	// through the CRI, and run.
 	cri, err := c.Nodes()[1].CRI()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for ref, uid := range map[string]int64{agentRef: 0, fnRef: 65532} {
-		if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-			t.Fatalf("pull %s through the CRI: %v", ref, err)
-		}
-		st, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
-		if err != nil || st.Image == nil {
-			t.Fatalf("%s not present after pull (err %v)", ref, err)
-		}
-		if st.Image.Uid == nil || st.Image.Uid.Value != uid {
-			t.Errorf("%s runs as uid %v, want %d", ref, st.Image.Uid, uid)
-		}
-	}
-
+	checkOCILayouts(ctx, t, c, cri)
 	// Registry faults reach containerd as they would from ghcr.io: a
 	// private repository needs the credentials a pull secret for ghcr.io
 	// carries, and one failed pull is one registry request.
@@ -329,6 +320,185 @@ func TestSmoke(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// checkOCILayouts pushes out/oci/image-prefetcher and
+// out/oci/image-prefetcher-fn under the references the function renders
+// (fn/version), has the second node's containerd pull them through the
+// CRI, and checks, from containerd's own image status and from the config
+// that was pushed, the entrypoint, user and os/arch the Dockerfiles give
+// (the user also as the uid the kubelet sees). Then it runs each image as
+// a pod with the argument "version": the entrypoint exists in the
+// unpacked snapshot, runs as the image user (runAsNonRoot holds for the
+// function) and prints this build's VERSION.
+func checkOCILayouts(ctx context.Context, t *testing.T, c *cluster.Cluster, cri *cluster.CRIClient) {
+	t.Helper()
+	binDir, err := cluster.ProjectBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Dir(binDir)
+	wantVersion, err := os.ReadFile(filepath.Join(root, "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := c.Nodes()[1].Name
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := c.CreateNamespace(ctx, "oci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		layout, dockerfile, ref string
+		uid                     int64
+	}{
+		{"out/oci/image-prefetcher", "Dockerfile", version.AgentImage(), 0},
+		{"out/oci/image-prefetcher-fn", "Dockerfile.fn", version.FunctionImageRepository + ":" + version.Version, 65532},
+	} {
+		user, entrypoint := dockerfileUserEntrypoint(t, filepath.Join(root, x.dockerfile))
+		img, err := ociimage.ReadLayout(filepath.Join(root, x.layout))
+		if err != nil {
+			t.Fatalf("%v: run `make oci`", err)
+		}
+		digest, err := img.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		repoTag, ok := strings.CutPrefix(x.ref, "ghcr.io/")
+		if !ok {
+			t.Fatalf("default image %s is not on ghcr.io, which the nodes mirror", x.ref)
+		}
+		if err := c.PushLayout(ctx, filepath.Join(root, x.layout), repoTag); err != nil {
+			t.Fatal(err)
+		}
+		// The config as the registry serves it.
+		pushed, err := remote.Image(mustRef(t, cluster.RegistryAddr+"/"+repoTag), remote.WithTransport(c.RegistryTransport()))
+		if err != nil {
+			t.Fatalf("read back %s: %v", repoTag, err)
+		}
+		if d, _ := pushed.Digest(); d != digest {
+			t.Errorf("%s: the registry serves %s, the layout holds %s", repoTag, d, digest)
+		}
+		pcf, err := pushed.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pcf.Config.User != user || !slices.Equal(pcf.Config.Entrypoint, entrypoint) {
+			t.Errorf("%s pushed with user %q entrypoint %q; %s says USER %s ENTRYPOINT %q", x.ref, pcf.Config.User, pcf.Config.Entrypoint, x.dockerfile, user, entrypoint)
+		}
+		if pcf.OS != "linux" || pcf.Architecture != runtime.GOARCH {
+			t.Errorf("%s pushed as %s/%s, want linux/%s", x.ref, pcf.OS, pcf.Architecture, runtime.GOARCH)
+		}
+
+		pull, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: x.ref}})
+		if err != nil {
+			t.Fatalf("pull %s through the CRI: %v", x.ref, err)
+		}
+		// containerd names an image by its config digest, and records the
+		// manifest it came from as the repo digest.
+		configDigest, err := img.ConfigName()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pull.ImageRef != configDigest.String() {
+			t.Errorf("%s: containerd pulled image %s, the layout's config is %s", x.ref, pull.ImageRef, configDigest)
+		}
+		st, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: x.ref}, Verbose: true})
+		if err != nil || st.Image == nil {
+			t.Fatalf("%s not present after pull (err %v)", x.ref, err)
+		}
+		if !slices.Contains(st.Image.RepoDigests, strings.Split(x.ref, ":")[0]+"@"+digest.String()) {
+			t.Errorf("%s: containerd's repo digests %q do not name the layout's manifest %s", x.ref, st.Image.RepoDigests, digest)
+		}
+		if st.Image.Uid == nil || st.Image.Uid.Value != x.uid {
+			t.Errorf("%s: containerd reports uid %v, want %d", x.ref, st.Image.Uid, x.uid)
+		}
+		// containerd's verbose status carries the image config it stored.
+		var info struct {
+			ImageSpec struct {
+				OS           string `json:"os"`
+				Architecture string `json:"architecture"`
+				Config       struct {
+					User       string   `json:"User"`
+					Entrypoint []string `json:"Entrypoint"`
+				} `json:"config"`
+			} `json:"imageSpec"`
+		}
+		if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil {
+			t.Fatalf("%s: containerd's verbose image status: %v: %q", x.ref, err, st.Info)
+		}
+		is := info.ImageSpec
+		if is.Config.User != user || !slices.Equal(is.Config.Entrypoint, entrypoint) || is.OS != "linux" || is.Architecture != runtime.GOARCH {
+			t.Errorf("%s in containerd: user %q entrypoint %q %s/%s; want %q %q linux/%s", x.ref, is.Config.User, is.Config.Entrypoint, is.OS, is.Architecture, user, entrypoint, runtime.GOARCH)
+		}
+
+		// Run it: only an unpacked image with a working entrypoint prints
+		// the version.
+		name := "run-" + path.Base(x.layout)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.PodSpec{
+				NodeName:      node,
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					Name: "main", Image: x.ref, ImagePullPolicy: corev1.PullNever, Args: []string{"version"},
+					SecurityContext: &corev1.SecurityContext{RunAsNonRoot: ptr(x.uid != 0)},
+				}},
+			},
+		}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		phase, err := waitPodDone(ctx, c, ns, name)
+		if err != nil || phase != corev1.PodSucceeded {
+			p, _ := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			t.Errorf("%s run with `version`: phase %s (%v); status %+v", x.ref, phase, err, p.Status.ContainerStatuses)
+			continue
+		}
+		logs, err := cs.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: "main"}).DoRaw(ctx)
+		if err != nil || strings.TrimSpace(string(logs)) != strings.TrimSpace(string(wantVersion)) {
+			t.Errorf("%s `version` printed %q (%v), want %q", x.ref, logs, err, strings.TrimSpace(string(wantVersion)))
+		}
+	}
+}
+
+// dockerfileUserEntrypoint returns USER and ENTRYPOINT (exec form) of a
+// Dockerfile's final stage.
+func dockerfileUserEntrypoint(t *testing.T, file string) (user string, entrypoint []string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		cmd, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+		switch strings.ToUpper(cmd) {
+		case "FROM":
+			user, entrypoint = "", nil
+		case "USER":
+			user = args
+		case "ENTRYPOINT":
+			if err := json.Unmarshal([]byte(args), &entrypoint); err != nil {
+				t.Fatalf("%s: ENTRYPOINT %s: %v", file, args, err)
+			}
+		}
+	}
+	if user == "" || len(entrypoint) == 0 {
+		t.Fatalf("%s: no USER or ENTRYPOINT in the final stage", file)
+	}
+	return user, entrypoint
+}
+
+func mustRef(t *testing.T, s string) name.Reference {
+	t.Helper()
+	r, err := name.ParseReference(s, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
 
 // waitPodDone waits until the pod has succeeded or failed.
 func waitPodDone(ctx context.Context, c *cluster.Cluster, ns, name string) (corev1.PodPhase, error) {
