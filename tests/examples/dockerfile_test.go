@@ -210,6 +210,8 @@ func TestExampleVersions(t *testing.T) {
 		fluxWorkflow:                         {`IMAGE_PREFETCHER_VERSION: "` + ver + `"`, "KUSTOMIZE_VERSION: " + kustomizeVersion},
 		"examples/kpt/README.md":             {fnImage},
 		"docs/integrations.md":               {"image-prefetcher-fn@v" + ver, "kustomize/v5@" + kustomizeVersion, "?ref=v" + ver},
+		"docs/integrations/kustomize.md":     {"?ref=v" + ver},
+		"docs/integrations/kpt.md":           {fnImage},
 	} {
 		data, err := os.ReadFile(filepath.Join(tl.root, file))
 		if err != nil {

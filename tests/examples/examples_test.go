@@ -28,8 +28,8 @@ type kustomizeCase struct {
 const kustomizeBuild = "kustomize build --enable-alpha-plugins --enable-exec"
 
 var kustomizeCases = []kustomizeCase{
-	{name: "kustomize/overlays/vanilla", copy: "kustomize", target: "kustomize/overlays/vanilla", readme: "docs/integrations.md", golden: "kustomize/overlays/vanilla/expected.yaml"},
-	{name: "kustomize/overlays/ocp", copy: "kustomize", target: "kustomize/overlays/ocp", readme: "docs/integrations.md", golden: "kustomize/overlays/ocp/expected.yaml", ocp: true},
+	{name: "kustomize/overlays/vanilla", copy: "kustomize", target: "kustomize/overlays/vanilla", readme: "docs/integrations/kustomize.md", golden: "kustomize/overlays/vanilla/expected.yaml"},
+	{name: "kustomize/overlays/ocp", copy: "kustomize", target: "kustomize/overlays/ocp", readme: "docs/integrations/kustomize.md", golden: "kustomize/overlays/ocp/expected.yaml", ocp: true},
 	{name: "examples/quickstart", copy: "examples/quickstart", from: "quickstart", target: ".", readme: "examples/quickstart/README.md", golden: "examples/quickstart/expected.yaml"},
 	{name: "examples/image-list-file", copy: "examples/image-list-file", from: "image-list-file", target: ".", readme: "examples/image-list-file/README.md", golden: "examples/image-list-file/expected.yaml"},
 	{name: "examples/overlays/vanilla", copy: "examples/overlays", from: "overlays", target: "vanilla", readme: "examples/overlays/README.md", golden: "examples/overlays/vanilla/expected.yaml"},
