@@ -67,9 +67,10 @@ func Decode(node *yaml.RNode) (*v1alpha1.ImagePrefetcher, Problems) {
 	// RNode.MarshalJSON, which prints and re-parses YAML first.
 	var generic any
 	if err := node.YNode().Decode(&generic); err != nil {
-		// checkKeys has ruled out what the decoder rejects in a mapping;
-		// what is left concerns the object as a whole.
-		return nil, Problems{errorf("metadata", "cannot read object: %v", err)}
+		// A value the decoder cannot read at all (say "!!int abc"): find
+		// which one, now that speed no longer matters.
+		path, err := locateDecodeError(node.YNode(), "", err)
+		return nil, Problems{errorf(cmpOr(path, "metadata"), "cannot be read: %v", err)}
 	}
 	normalizeDurations(generic, &probs)
 	// yaml.v3 gives map[string]any for string-keyed mappings, which is all
@@ -133,6 +134,35 @@ func checkKeys(n *yaml.Node, path string, probs *Problems) {
 			checkKeys(c, fmt.Sprintf("%s[%d]", path, i), probs)
 		}
 	}
+}
+
+// locateDecodeError returns the path of the first scalar under n that does
+// not decode on its own, and its error; the whole-object error otherwise.
+func locateDecodeError(n *yaml.Node, path string, whole error) (string, error) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		if len(n.Content) > 0 {
+			return locateDecodeError(n.Content[0], path, whole)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if p, err := locateDecodeError(n.Content[i+1], join(path, n.Content[i].Value), nil); err != nil {
+				return p, err
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if p, err := locateDecodeError(c, fmt.Sprintf("%s[%d]", path, i), nil); err != nil {
+				return p, err
+			}
+		}
+	case yaml.ScalarNode:
+		var v any
+		if err := n.Decode(&v); err != nil {
+			return path, err
+		}
+	}
+	return "", whole
 }
 
 // durationFields are the paths of the API's duration strings.

@@ -182,6 +182,7 @@ var errorCases = []struct {
 	{name: "agent-resources-bad-quantity", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      limits: {cpu: lots}\n"},
 	{name: "duplicate-key", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: 2\n    parallelism: 3\n"},
 	{name: "non-string-key", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    1: a\n"},
+	{name: "undecodable-value", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: !!int four\n"},
 	{name: "duration-bare-number", ip: baseMeta + "spec:\n  images: [debian]\n  refreshInterval: 30\n"},
 	{name: "duration-bare-zero-not-allowed", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    overallTimeout: 0\n"},
 	{name: "max-unavailable-wrong-type", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: true\n"},
@@ -240,6 +241,16 @@ func TestErrors(t *testing.T) {
 			}
 			if strings.Contains(out, render0) {
 				t.Errorf("objects were rendered despite the error:\n%s", out)
+			}
+			// Every error says which object and which field to fix.
+			rl, err := fn.ParseResourceList(o.stdout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rl.Results {
+				if r.Severity == fn.Error && (r.ResourceRef == nil || r.Field == nil || r.Field.Path == "") {
+					t.Errorf("error result without resourceRef or field path: %+v", r)
+				}
 			}
 			golden(t, filepath.Join("testdata", "errors", tc.name+".golden"),
 				[]byte(fmt.Sprintf("# exit code: %d\n# stderr:\n%s# results:\n%s", o.code, indent(string(o.stderr), "#   "), out[i+len("\nresults:\n"):])))
