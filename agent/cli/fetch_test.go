@@ -3,16 +3,27 @@ package cli
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 )
 
 func writeList(t *testing.T, text string) string {
@@ -291,17 +302,41 @@ func TestFetchWithoutLabeling(t *testing.T) {
 }
 
 func TestFetchRecordsEventOnOwnPod(t *testing.T) {
-	e := newEnv(t)
-	e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = "prefetch-abc", "ns1"
-	if code := e.run(e.agentArgs("fetch", "x:1")...); code != 0 {
-		t.Fatalf("exit %d", code)
+	tests := []struct {
+		name       string
+		images     []string
+		wantType   string
+		wantReason string
+		wantMsg    string
+	}{
+		{"all present", []string{"x:1"}, corev1.EventTypeNormal, "Prefetched", "1/1 images present"},
+		{"an image failed", []string{"x:1", "typo:1"}, corev1.EventTypeWarning, "PrefetchFailed", "1/2 images present in "},
 	}
-	evs, err := e.kube.CoreV1().Events("ns1").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(evs.Items) != 1 || evs.Items[0].Reason != "Prefetched" || evs.Items[0].InvolvedObject.Name != "prefetch-abc" || !strings.Contains(evs.Items[0].Message, "1/1 images present") {
-		t.Errorf("events %+v", evs.Items)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cri.SetBehavior("docker.io/library/typo:1", func(context.Context, int, *runtimeapi.PullImageRequest) error {
+				return fakecri.NotFound("docker.io/library/typo:1")
+			})
+			e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = "prefetch-abc", "ns1"
+			if code := e.run(e.agentArgs("fetch", tt.images...)...); code != 0 {
+				t.Fatalf("exit %d:\n%s", code, e.logs)
+			}
+			evs, err := e.kube.CoreV1().Events("ns1").List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(evs.Items) != 1 {
+				t.Fatalf("%d events, want 1: %+v", len(evs.Items), evs.Items)
+			}
+			ev := evs.Items[0]
+			if ev.Type != tt.wantType || ev.Reason != tt.wantReason || ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != "prefetch-abc" || !strings.Contains(ev.Message, tt.wantMsg) {
+				t.Errorf("event %s %s on %s/%s: %q", ev.Type, ev.Reason, ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Message)
+			}
+			if tt.wantType == corev1.EventTypeWarning && !strings.Contains(ev.Message, "typo:1 (NotFound)") {
+				t.Errorf("warning does not name the failed image and reason: %q", ev.Message)
+			}
+		})
 	}
 }
 
@@ -352,4 +387,239 @@ func TestFetchUnusablePullSecretIsSkipped(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "pull secret unusable") {
 		t.Errorf("logs:\n%s", e.logs)
 	}
+}
+
+// TestFetchCredentialFallback: a 401 with one credential moves on to the
+// next, then to anonymous, within one attempt, and success with any of
+// them makes the image present.
+func TestFetchCredentialFallback(t *testing.T) {
+	const ref = "registry.example.com:5000/team/app:1"
+	tests := []struct {
+		name   string
+		accept string   // the user the registry lets in; "" is anonymous
+		want   []string // users of the PullImage calls in order; "" is anonymous
+	}{
+		{"first credential", "other", []string{"other"}},
+		{"second credential after a 401", "robot", []string{"other", "robot"}},
+		{"anonymous after two 401s", "", []string{"other", "robot", ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cri.SetBehavior(ref, func(_ context.Context, _ int, req *runtimeapi.PullImageRequest) error {
+				if req.GetAuth().GetUsername() == tt.accept {
+					return nil
+				}
+				return fakecri.HTTPStatus(ref, "registry.example.com:5000", "401 Unauthorized")
+			})
+			// The legacy file's key has a path, so it is the more specific
+			// one and is tried first.
+			dir := t.TempDir()
+			auth := base64.StdEncoding.EncodeToString([]byte("robot:pw1"))
+			if err := os.WriteFile(filepath.Join(dir, ".dockerconfigjson"), []byte(`{"auths":{"registry.example.com:5000":{"auth":"`+auth+`"}}}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			legacy := filepath.Join(t.TempDir(), ".dockercfg")
+			if err := os.WriteFile(legacy, []byte(`{"https://registry.example.com:5000/team":{"username":"other","password":"pw2"}}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if code := e.run(e.agentArgs("fetch", "--docker-config="+dir, "--docker-config="+legacy, ref)...); code != 0 {
+				t.Fatalf("exit %d:\n%s", code, e.logs)
+			}
+			calls := e.cri.Pulls(ref)
+			var got []string
+			for _, c := range calls {
+				if c.Auth == nil {
+					got = append(got, "")
+					continue
+				}
+				if c.Auth.GetServerAddress() != "https://registry.example.com:5000" {
+					t.Errorf("call with user %q: server address %q", c.Auth.GetUsername(), c.Auth.GetServerAddress())
+				}
+				got = append(got, c.Auth.GetUsername())
+			}
+			if strings.Join(got, ",") != strings.Join(tt.want, ",") {
+				t.Errorf("PullImage users %q, want %q", got, tt.want)
+			}
+			for i, c := range calls {
+				if wantErr := i < len(calls)-1; (c.Err != nil) != wantErr {
+					t.Errorf("call %d: err %v", i, c.Err)
+				}
+			}
+			v, s, _ := e.state()
+			if v != "succeeded" || s.Present != 1 || s.Total != 1 || len(s.Failed) != 0 || !e.cri.HasImage(ref) {
+				t.Errorf("label %q summary %+v", v, s)
+			}
+		})
+	}
+}
+
+// TestFetchLabelingFailureExitsNonZero: docs/agent.md, Exit codes: 1 when
+// labeling failed, so that the kubelet runs fetch again.
+func TestFetchLabelingFailureExitsNonZero(t *testing.T) {
+	tests := []struct {
+		name  string
+		err   error // answer to every patch; nil: no reactor
+		extra []string
+	}{
+		{"forbidden", apierrors.NewForbidden(corev1.Resource("nodes"), testNode, errors.New("denied by the admission policy")), nil},
+		{"unavailable past the retry budget", apierrors.NewServiceUnavailable("etcd down"), []string{"--label-retry-timeout=1ms"}},
+		{"node not found", nil, []string{"--node-name=ghost"}},
+		// A labeling failure outranks --fail-on-error's 3: the run did
+		// not finish.
+		{"with --fail-on-error and a failed image", apierrors.NewForbidden(corev1.Resource("nodes"), testNode, errors.New("denied")), []string{"--fail-on-error", "typo:1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cri.SetBehavior("docker.io/library/typo:1", func(context.Context, int, *runtimeapi.PullImageRequest) error {
+				return fakecri.NotFound("docker.io/library/typo:1")
+			})
+			patches := 0
+			e.kube.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				patches++
+				if tt.err == nil {
+					return false, nil, nil
+				}
+				return true, nil, tt.err
+			})
+			if code := e.run(e.agentArgs("fetch", append([]string{"x:1"}, tt.extra...)...)...); code != ExitError {
+				t.Errorf("exit %d, want %d:\n%s", code, ExitError, e.logs)
+			}
+			if patches == 0 {
+				t.Error("no patch was attempted")
+			}
+			if !strings.Contains(e.logs.String(), "labeling the node failed") {
+				t.Errorf("logs:\n%s", e.logs)
+			}
+			if !e.cri.HasImage("docker.io/library/x:1") {
+				t.Error("images were not pulled before labeling")
+			}
+		})
+	}
+}
+
+// TestFetchHerdControl: with --max-concurrent-nodes, fetch pulls only while
+// it holds a slot Lease, and gives it back; with nothing to pull it takes
+// none. The gate is the production one (agent/slots) on the fake API.
+func TestFetchHerdControl(t *testing.T) {
+	const ns, pod = "prefetch", "prefetch-abc"
+	tests := []struct {
+		name     string
+		flags    []string
+		present  bool // the images are already there
+		wantSlot string
+		wantSeed bool
+	}{
+		{"one slot", []string{"--max-concurrent-nodes=1"}, false, "demo-slot-0", false},
+		// Until a seed finishes, only slot 0 may be taken.
+		{"seed node", []string{"--max-concurrent-nodes=3", "--seed-nodes=1"}, false, "demo-slot-0", true},
+		{"everything present", []string{"--max-concurrent-nodes=1"}, true, "", false},
+	}
+	images := []string{"quay.io/org/app:1", "quay.io/org/db:2"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			enforceLeaseVersions(e.kube)
+			e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = pod, ns
+			var mu sync.Mutex
+			holders := map[string]string{} // image -> slot holder seen during its pull
+			for _, ref := range images {
+				if tt.present {
+					e.cri.AddImage(ref, 1)
+				}
+				e.cri.SetBehavior(ref, func(ctx context.Context, _ int, _ *runtimeapi.PullImageRequest) error {
+					l, err := e.kube.CoordinationV1().Leases(ns).Get(ctx, tt.wantSlot, metav1.GetOptions{})
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						holders[ref] = "error: " + err.Error()
+						return nil
+					}
+					holders[ref] = ptr.Deref(l.Spec.HolderIdentity, "")
+					return nil
+				})
+			}
+			if code := e.run(e.agentArgs("fetch", append(tt.flags, images...)...)...); code != 0 {
+				t.Fatalf("exit %d:\n%s", code, e.logs)
+			}
+			if v, _, _ := e.state(); v != "succeeded" {
+				t.Errorf("label %q", v)
+			}
+			if tt.wantSlot == "" {
+				for _, a := range e.kube.Actions() {
+					if a.GetResource().Resource == "leases" {
+						t.Errorf("Lease call with nothing to pull: %s %s", a.GetVerb(), a.GetResource().Resource)
+					}
+				}
+				if len(e.cri.Pulls("")) != 0 {
+					t.Errorf("%d pulls of present images", len(e.cri.Pulls("")))
+				}
+				return
+			}
+			leases, err := e.kube.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ref := range images {
+				if h := holders[ref]; !strings.HasPrefix(h, pod+"-") {
+					t.Errorf("%s pulled while %s was held by %q, want this pod", ref, tt.wantSlot, h)
+				}
+			}
+			if len(leases.Items) != 1 || leases.Items[0].Name != tt.wantSlot {
+				t.Fatalf("leases %+v, want only %s", leases.Items, tt.wantSlot)
+			}
+			l := leases.Items[0]
+			if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" {
+				t.Errorf("slot still held by %q after fetch: not released", h)
+			}
+			seeded := l.Annotations[slots.SeededAnnotation]
+			wantSeed := ""
+			if tt.wantSeed {
+				wantSeed = listDigest(loadList("", images).Entries)
+			}
+			if seeded != wantSeed {
+				t.Errorf("seeded annotation %q, want %q", seeded, wantSeed)
+			}
+		})
+	}
+}
+
+// enforceLeaseVersions gives the fake clientset what the API server has and
+// the fake lacks, and what agent/slots relies on: a resourceVersion that
+// changes on every Lease write, and a conflict for an update that carries a
+// stale one. Without it, a release would silently overwrite the seed mark.
+func enforceLeaseVersions(cs *fake.Clientset) {
+	gvr := coordinationv1.SchemeGroupVersion.WithResource("leases")
+	var mu sync.Mutex
+	rv := 0
+	next := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		rv++
+		return strconv.Itoa(rv)
+	}
+	cs.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		l.ResourceVersion = next()
+		if err := cs.Tracker().Create(gvr, l, l.Namespace); err != nil {
+			return true, nil, err
+		}
+		return true, l, nil
+	})
+	cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		cur, err := cs.Tracker().Get(gvr, l.Namespace, l.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
+			return true, nil, apierrors.NewConflict(gvr.GroupResource(), l.Name, errors.New("the object has been modified"))
+		}
+		l.ResourceVersion = next()
+		if err := cs.Tracker().Update(gvr, l, l.Namespace); err != nil {
+			return true, nil, err
+		}
+		return true, l, nil
+	})
 }
