@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -167,5 +168,36 @@ func TestWatchExitsOnSIGTERMWhileTheAPIServerIsDown(t *testing.T) {
 	}
 	if !strings.Contains(e.logs.String(), "removing the node label failed") {
 		t.Errorf("logs:\n%s", e.logs)
+	}
+}
+
+// TestWatchRelabelsARecreatedNode: a Node deleted and created again, as
+// when a node re-registers, comes back with the kubelet's labels only; the
+// next check finds the label gone and writes it again.
+func TestWatchRelabelsARecreatedNode(t *testing.T) {
+	e := newEnv(t)
+	done := e.startWatch("--refresh-interval=5ms", "app:1")
+	waitFor(t, "label succeeded", e.labelIs("succeeded"))
+
+	nodes := e.kube.CoreV1().Nodes()
+	if err := nodes.Delete(context.Background(), testNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Let a check run against the missing node.
+	statuses := e.cri.StatusCalls()
+	waitFor(t, "a check while the node is gone", func() bool { return e.cri.StatusCalls() > statuses+1 })
+	fresh := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, Labels: map[string]string{"kubernetes.io/hostname": testNode}}}
+	if _, err := nodes.Create(context.Background(), fresh, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "label back on the re-created node", e.labelIs("succeeded"))
+	if v, s, ok := e.state(); !ok || v != "succeeded" || s.Total != 1 || s.Present != 1 {
+		t.Errorf("label %q summary %+v", v, s)
+	}
+	if n := e.node(testNode); n.Labels["kubernetes.io/hostname"] != testNode || len(n.Labels) != 2 {
+		t.Errorf("labels %v: only this instance's key may be added", n.Labels)
+	}
+	if code := e.sigterm(done); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, e.logs)
 	}
 }
