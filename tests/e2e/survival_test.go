@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
@@ -161,6 +162,7 @@ func Test12Faults(t *testing.T) {
 		}
 		if restarts := fetchRestarts(t, e, d); restarts != 0 {
 			t.Errorf("fetch was restarted %d times; it should have kept its result and labeled after the outage", restarts)
+			e.previousLogs(t, d, "fetch")
 		}
 		evs := e.waitEvent(t, d.Namespace, "Prefetched", "Normal")
 		logf(t, "Event after the outage: %s", evs[0].Message)
@@ -233,6 +235,33 @@ func fetchRestarts(t *testing.T, e env, d *deployed) int32 {
 		}
 	}
 	return n
+}
+
+// previousLogs logs the output of the previous run of container in the
+// instance's pods: why it exited, when a restart was not expected.
+func (e env) previousLogs(t *testing.T, d *deployed, container string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pods, err := e.cs.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + d.Name})
+	if err != nil {
+		t.Logf("list pods: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		for _, st := range p.Status.InitContainerStatuses {
+			if st.Name != container || st.RestartCount == 0 {
+				continue
+			}
+			t.Logf("%s/%s last state %+v", p.Name, container, st.LastTerminationState)
+			logs, err := e.cs.CoreV1().Pods(d.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: container, Previous: true, Timestamps: true}).DoRaw(ctx)
+			if err != nil {
+				t.Logf("%s/%s previous logs: %v", p.Name, container, err)
+				continue
+			}
+			t.Logf("%s/%s previous run's logs:\n%s", p.Name, container, tailLines(string(logs), 30))
+		}
+	}
 }
 
 // runStatus runs ./bin/image-prefetcher status with the admin kubeconfig
