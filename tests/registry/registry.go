@@ -401,7 +401,34 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		cw.limit = limit
 		cw.ctx = req.Context()
 	}
+	if req.Method == http.MethodGet && rt.kind == Blobs {
+		r.closeRange(req, rt)
+	}
 	r.inner.ServeHTTP(cw, req)
+}
+
+// closeRange turns an open-ended Range ("bytes=N-"), which go-containerregistry's
+// registry answers with 416, into the closed range it understands. Real
+// registries serve open ranges, and containerd sends one when it resumes
+// a blob whose download was cut off (for example by a containerd restart):
+// without this, every later pull of that blob would fail.
+func (r *Registry) closeRange(req *http.Request, rt route) {
+	var start int64
+	h := req.Header.Get("Range")
+	if h == "" || !strings.HasSuffix(h, "-") {
+		return
+	}
+	if _, err := fmt.Sscanf(h, "bytes=%d-", &start); err != nil {
+		return
+	}
+	head := httptest.NewRequest(http.MethodHead, "/v2/"+rt.repo+"/blobs/"+rt.ref, nil)
+	rec := httptest.NewRecorder()
+	r.inner.ServeHTTP(rec, head)
+	var size int64
+	if _, err := fmt.Sscanf(rec.Header().Get("Content-Length"), "%d", &size); rec.Code != http.StatusOK || err != nil || start >= size {
+		return // the registry answers as it would have: 404, or 416 for a range past the end
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, size-1))
 }
 
 // objectKey names what a request is for: repository and digest, looking a

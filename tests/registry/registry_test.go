@@ -317,3 +317,57 @@ func TestRequestLogKeepsMirrorNamespace(t *testing.T) {
 		t.Fatalf("logged %+v", reqs)
 	}
 }
+
+// containerd resumes a cut-off blob download with an open-ended range;
+// real registries serve it, so this one must too (and a range past the
+// end is still refused).
+func TestOpenEndedRange(t *testing.T) {
+	f := newFixture(t)
+	layers, err := f.img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[0].Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int64(len(whole))
+	for _, tc := range []struct {
+		name       string
+		header     string
+		wantStatus int
+		wantBody   []byte
+	}{
+		{"open-ended", "bytes=1000-", http.StatusPartialContent, whole[1000:]},
+		{"closed", "bytes=10-19", http.StatusPartialContent, whole[10:20]},
+		{"from zero", "bytes=0-", http.StatusPartialContent, whole},
+		{"past the end", fmt.Sprintf("bytes=%d-", size), http.StatusRequestedRangeNotSatisfiable, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodGet, "http://"+f.addr+"/v2/app/blobs/"+f.layer.String(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Range", tc.header)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.wantStatus {
+				t.Fatalf("Range %s: status %d, want %d (%s)", tc.header, resp.StatusCode, tc.wantStatus, body)
+			}
+			if tc.wantBody != nil && string(body) != string(tc.wantBody) {
+				t.Errorf("Range %s: %d bytes, want %d", tc.header, len(body), len(tc.wantBody))
+			}
+		})
+	}
+}
