@@ -99,7 +99,7 @@ e2e: build tools host-deps kube oci
 ## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------
 # Herd control against a simulated cluster: a real kube-apiserver, many
 # containerd nodes, the real agent, a bandwidth-capped registry. Needs root;
-# takes about 10 minutes. Writes docs/benchmarks.md and its plot.
+# takes about 6 minutes. Writes docs/benchmarks.md and its plot.
 .PHONY: bench
 BENCH_FLAGS ?=
 bench: build host-deps kube

@@ -9,8 +9,13 @@ import (
 )
 
 // kubeletSysctls are the kernel settings the kubelet writes at start-up
-// (with protectKernelDefaults off). They are global, not per namespace.
-var kubeletSysctls = []string{"kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory"}
+// (setupKernelTunables, with protectKernelDefaults off). They are global,
+// not per namespace. The last three often already hold the kubelet's value,
+// but not on every host, so they are saved and restored all the same.
+var kubeletSysctls = []string{
+	"kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
+	"vm/panic_on_oom", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
 
 type sysctlSaver struct{ saved map[string]string }
 
@@ -27,13 +32,9 @@ func saveSysctls(baseDir, selfDir string) (*sysctlSaver, error) {
 			return &sysctlSaver{saved: s.Sysctls}, nil
 		}
 	}
-	saved := map[string]string{}
-	for _, k := range kubeletSysctls {
-		v, err := os.ReadFile(filepath.Join("/proc/sys", k))
-		if err != nil {
-			return nil, fmt.Errorf("read sysctl %s: %w", k, err)
-		}
-		saved[k] = strings.TrimSpace(string(v))
+	saved, err := Sysctls()
+	if err != nil {
+		return nil, err
 	}
 	return &sysctlSaver{saved: saved}, nil
 }
