@@ -171,7 +171,19 @@ func Test08Drift(t *testing.T) {
 		}
 	}
 
-	logf(t, "deleting the DaemonSet")
+	e.deleteDaemonSet(ctx, t, d)
+	for _, n := range c.Nodes() {
+		// The pods are gone, so whatever is left now stays: a short wait.
+		e.waitNoKey(t, n.Name, d.key(), 10*time.Second)
+	}
+}
+
+// deleteDaemonSet deletes d's DaemonSet the way an uninstall does
+// (foreground, through the API) and waits until its pods are gone, so that
+// whatever their `watch` left on the nodes is what stays.
+func (e env) deleteDaemonSet(ctx context.Context, t *testing.T, d *deployed) {
+	t.Helper()
+	logf(t, "deleting the DaemonSet %s/%s", d.Namespace, d.dsName())
 	fg := metav1.DeletePropagationForeground
 	if err := e.cs.AppsV1().DaemonSets(d.Namespace).Delete(ctx, d.dsName(), metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
 		t.Fatal(err)
@@ -182,10 +194,6 @@ func Test08Drift(t *testing.T) {
 		return apierrors.IsNotFound(err) && len(pods) == 0, fmt.Sprintf("err %v pods %v", err, pods)
 	}); err != nil {
 		t.Fatal(err)
-	}
-	for _, n := range c.Nodes() {
-		// The pods are gone, so whatever is left now stays: a short wait.
-		e.waitNoKey(t, n.Name, d.key(), 10*time.Second)
 	}
 }
 
@@ -274,10 +282,15 @@ func Test09TwoInstances(t *testing.T) {
 	}
 	betaPods := e.podUIDs(t, beta)
 
-	logf(t, "removing instance alpha")
+	// alpha's own watch containers remove its keys when its DaemonSet goes;
+	// e.remove strips keys by hand, so it comes only after the check.
+	e.deleteDaemonSet(ctx, t, alpha)
+	for _, n := range c.Nodes() {
+		e.waitNoKey(t, n.Name, alpha.key(), 10*time.Second)
+	}
+	logf(t, "removing the rest of instance alpha")
 	e.remove(t, alpha)
 	for _, n := range c.Nodes() {
-		e.waitNoKey(t, n.Name, alpha.key(), 30*time.Second)
 		st, err := e.state(ctx, n.Name, beta.key())
 		if err != nil {
 			t.Fatal(err)
