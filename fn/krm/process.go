@@ -226,14 +226,18 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 }
 
 // setPaths tells kpt where to write new objects: one file per instance,
-// next to the file the ImagePrefetcher came from.
+// next to the file the ImagePrefetcher came from. kpt rejects two objects
+// with the same path and index, and one directory may hold instances of
+// the same name in different namespaces, so the file is named like the
+// cluster-scoped objects: image-prefetcher.<namespace>.<name>.yaml, unique
+// per instance because neither part can hold a '.'.
 func setPaths(e *expansion) {
 	a := e.source.GetAnnotations()
 	src := a[pathAnnotation]
 	if src == "" {
 		src = a[legacyPath]
 	}
-	file := path.Join(path.Dir(src), render.AppName+"-"+e.source.GetName()+".yaml")
+	file := path.Join(path.Dir(src), render.NamesFor(e.source.GetNamespace(), e.source.GetName()).Cluster+".yaml")
 	for i, o := range e.objs {
 		_ = o.PipeE(yaml.SetAnnotation(pathAnnotation, file))
 		_ = o.PipeE(yaml.SetAnnotation(indexAnnotation, strconv.Itoa(i)))

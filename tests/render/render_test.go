@@ -265,11 +265,11 @@ func TestKptConfigPath(t *testing.T) {
 			t.Errorf("%s changed:\n%s", name, firstDiff(string(b), string(after[name])))
 		}
 	}
-	if got, want := strings.Join(names(after), " "), "Kptfile image-prefetcher-demo.yaml namespace.yaml prefetcher.yaml"; got != want {
+	if got, want := strings.Join(names(after), " "), "Kptfile image-prefetcher.prefetch.demo.yaml namespace.yaml prefetcher.yaml"; got != want {
 		t.Fatalf("files after render: %s, want %s", got, want)
 	}
-	golden(t, "testdata/kpt/config-path.golden.yaml", after["image-prefetcher-demo.yaml"])
-	if s := string(after["image-prefetcher-demo.yaml"]); strings.Contains(s, "needs-hash") || strings.Contains(s, "config.kubernetes.io/") {
+	golden(t, "testdata/kpt/config-path.golden.yaml", after["image-prefetcher.prefetch.demo.yaml"])
+	if s := string(after["image-prefetcher.prefetch.demo.yaml"]); strings.Contains(s, "needs-hash") || strings.Contains(s, "config.kubernetes.io/") {
 		t.Errorf("config annotations in kpt output:\n%s", s)
 	}
 
@@ -292,7 +292,7 @@ func TestKptMutator(t *testing.T) {
 	before := readTree(t, pkg)
 	kptRender(t, pkg)
 	after := readTree(t, pkg)
-	if got, want := strings.Join(names(after), " "), "Kptfile image-prefetcher-demo.yaml namespace.yaml"; got != want {
+	if got, want := strings.Join(names(after), " "), "Kptfile image-prefetcher.prefetch.demo.yaml namespace.yaml"; got != want {
 		t.Fatalf("files after render: %s, want %s", got, want)
 	}
 	for _, name := range []string{"Kptfile", "namespace.yaml"} {
@@ -300,7 +300,7 @@ func TestKptMutator(t *testing.T) {
 			t.Errorf("%s changed:\n%s", name, firstDiff(string(before[name]), string(after[name])))
 		}
 	}
-	golden(t, "testdata/kpt/mutator.golden.yaml", after["image-prefetcher-demo.yaml"])
+	golden(t, "testdata/kpt/mutator.golden.yaml", after["image-prefetcher.prefetch.demo.yaml"])
 
 	kptRender(t, pkg)
 	again := readTree(t, pkg)

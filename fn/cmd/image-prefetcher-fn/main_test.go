@@ -286,6 +286,21 @@ func TestRenderedInvariants(t *testing.T) {
 				}
 			}
 			generator := fc.GetKind() == "ImagePrefetcher" && !kpt
+			// kpt refuses a ResourceList in which two objects claim the
+			// same place in the same file.
+			at := map[string]string{}
+			for _, it := range rl.Items {
+				p := it.PathAnnotation()
+				if p == "" {
+					continue
+				}
+				key := fmt.Sprintf("%s#%d", p, it.IndexAnnotation())
+				where := it.GetKind() + " " + strings.TrimPrefix(it.GetNamespace()+"/"+it.GetName(), "/")
+				if prev, dup := at[key]; dup {
+					t.Errorf("%s and %s share path and index %s", prev, where, key)
+				}
+				at[key] = where
+			}
 			sawDaemonSet := false
 			for _, it := range rl.Items {
 				if it.GetLabel("app.kubernetes.io/managed-by") != "image-prefetcher-fn" {
