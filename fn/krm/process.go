@@ -80,7 +80,11 @@ func Process(rl *fn.ResourceList) (bool, error) {
 		out = items // leave the input as it was
 	}
 	rl.Items = fn.MoveToKubeObjects(out)
-	rl.Results = append(rl.Results, results...)
+	// Results describe one invocation. Results already in the input come
+	// from an earlier run (or another function): keeping them would repeat
+	// each warning every time the function runs on its own output, and an
+	// old error would fail a run that found nothing wrong.
+	rl.Results = results
 	return results.ExitCode() == 0, nil
 }
 

@@ -96,19 +96,51 @@ func TestRender(t *testing.T) {
 			if !bytes.Equal(again.stdout, o.stdout) {
 				t.Errorf("two runs on the same input differ:\n%s", diff(string(o.stdout), string(again.stdout)))
 			}
-			rerun := invoke(t, withoutResults(t, o.stdout))
+			// The whole output goes back in, results included, as a
+			// pipeline that does not strip them would feed it. Results are
+			// per run: while the ImagePrefetcher is still there (generator
+			// config, kpt configPath) the run finds the same warnings once
+			// more, and the output is the same bytes; once it has been
+			// replaced by its expansion, nothing is left to warn about.
+			rerun := invoke(t, o.stdout)
 			if rerun.code != 0 {
 				t.Fatalf("rerun on own output: exit code %d, stderr:\n%s", rerun.code, rerun.stderr)
 			}
-			if !bytes.Equal(withoutResults(t, rerun.stdout), withoutResults(t, o.stdout)) {
-				t.Errorf("not idempotent: running on its own output changed it:\n%s", diff(string(withoutResults(t, o.stdout)), string(withoutResults(t, rerun.stdout))))
+			want, wantStderr := o.stdout, o.stderr
+			if !hasPrefetcher(t, o.stdout) {
+				want, wantStderr = withoutResults(t, o.stdout), nil
+			}
+			if !bytes.Equal(rerun.stdout, want) {
+				t.Errorf("not idempotent: running on its own output changed it:\n%s", diff(string(want), string(rerun.stdout)))
+			}
+			if !bytes.Equal(rerun.stderr, wantStderr) {
+				t.Errorf("rerun on own output: stderr\n%s\nwant\n%s", rerun.stderr, wantStderr)
 			}
 		})
 	}
 }
 
-// withoutResults drops the results section: warnings about the input are
-// not part of the rendered state an orchestrator feeds back.
+// hasPrefetcher reports whether a ResourceList still holds an
+// ImagePrefetcher, as an item or as the functionConfig.
+func hasPrefetcher(t *testing.T, out []byte) bool {
+	t.Helper()
+	rl, err := fn.ParseResourceList(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rl.FunctionConfig.GetKind() == "ImagePrefetcher" {
+		return true
+	}
+	for _, it := range rl.Items {
+		if it.GetKind() == "ImagePrefetcher" {
+			return true
+		}
+	}
+	return false
+}
+
+// withoutResults drops the results section: what a run whose findings are
+// gone leaves of an earlier output.
 func withoutResults(t *testing.T, out []byte) []byte {
 	t.Helper()
 	if i := bytes.Index(out, []byte("\nresults:\n")); i >= 0 {
@@ -410,6 +442,44 @@ func withoutUserFields(t *testing.T, o *fn.KubeObject) *yaml.RNode {
 		}
 	}
 	return n
+}
+
+// TestIncomingResultsAreDropped: results in the input were reported by an
+// earlier run or another function. They are neither repeated nor allowed to
+// fail this run.
+func TestIncomingResultsAreDropped(t *testing.T) {
+	const old = "results:\n- message: found by an earlier run\n  severity: error\n- message: an old warning\n  severity: warning\n"
+	cases := []struct {
+		name, in string
+		// stderr is what this run itself reports.
+		stderr string
+	}{
+		{
+			name:   "nothing to expand",
+			in:     "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: prefetch\n" + old,
+			stderr: "",
+		},
+		{
+			name: "generator with a warning of its own",
+			in: "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: prefetch\n" +
+				"functionConfig:\n" + indent(baseMeta+"spec:\n  images: [debian, debian]\n", "  ") + old,
+			stderr: "image-prefetcher-fn: warning: ImagePrefetcher prefetch/demo: spec.images[1]: \"debian\" duplicates \"debian\" of spec.images[0]; keeping the first\n",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := invoke(t, []byte(tc.in))
+			if o.code != 0 {
+				t.Errorf("exit code %d, want 0; stderr:\n%s", o.code, o.stderr)
+			}
+			if string(o.stderr) != tc.stderr {
+				t.Errorf("stderr:\n%s\nwant\n%s", o.stderr, tc.stderr)
+			}
+			if strings.Contains(string(o.stdout), "earlier run") || strings.Contains(string(o.stdout), "old warning") {
+				t.Errorf("incoming results kept in the output:\n%s", o.stdout)
+			}
+		})
+	}
 }
 
 func TestArguments(t *testing.T) {
