@@ -210,6 +210,7 @@ var errorCases = []struct {
 	{name: "max-concurrent-nodes-out-of-range", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: -1\n"},
 	{name: "seed-nodes-negative", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 3\n    seedNodes: -1\n"},
 	{name: "seed-nodes-without-cap", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    seedNodes: 1\n"},
+	{name: "max-unavailable-below-one", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: 0\n"},
 	{name: "max-unavailable-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: 0%\n"},
 	{name: "agent-resources-bad-quantity", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      limits: {cpu: lots}\n"},
 	{name: "duplicate-key", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: 2\n    parallelism: 3\n"},
