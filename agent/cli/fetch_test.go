@@ -278,15 +278,45 @@ func TestFetchRuntimeRestartMidRun(t *testing.T) {
 }
 
 func TestFetchMissingSocket(t *testing.T) {
-	e := newEnv(t)
-	args := []string{"fetch", "--cri-socket=does/not/exist.sock", "--label-node=false", "x:1"}
-	if code := e.run(args...); code != ExitError {
-		t.Fatalf("exit %d", code)
+	// A wrong criSocket mounted as a hostPath leaves an empty directory
+	// at the path: it must fail as fast and as clearly as a missing one,
+	// not after --cri-connect-timeout with "does not answer".
+	dir := filepath.Join(t.TempDir(), "containerd.sock")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	abs, _ := filepath.Abs("does/not/exist.sock")
-	out := e.logs.String()
-	if !strings.Contains(out, abs) || !strings.Contains(out, "criSocket") {
-		t.Errorf("message does not name the absolute path and the fix:\n%s", out)
+	missing, _ := filepath.Abs("does/not/exist.sock")
+	tests := []struct {
+		name, socket, wantPath, wantThere string
+	}{
+		{"missing", "does/not/exist.sock", missing, ""},
+		{"directory", dir, dir, "a directory is there instead of a socket"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			// Short, so that a run that reaches the runtime-version loop
+			// fails with "does not answer" instead of waiting.
+			args := []string{"fetch", "--cri-socket=" + tt.socket, "--cri-connect-timeout=1ms", "--label-node=false", "x:1"}
+			if code := e.run(args...); code != ExitError {
+				t.Fatalf("exit %d", code)
+			}
+			out := e.logs.String()
+			if strings.Contains(out, "does not answer") {
+				t.Errorf("the runtime was called:\n%s", out)
+			}
+			var line string
+			for l := range strings.Lines(out) {
+				if strings.Contains(l, "CRI socket not found") {
+					line = l
+				}
+			}
+			for _, want := range []string{"CRI socket not found at " + tt.wantPath + ":", "criSocket", tt.wantThere} {
+				if !strings.Contains(line, want) {
+					t.Errorf("no line with %q:\n%s", want, out)
+				}
+			}
+		})
 	}
 }
 

@@ -23,7 +23,9 @@ import (
 // DefaultSocket is where containerd listens on most distributions.
 const DefaultSocket = "/run/containerd/containerd.sock"
 
-// ErrSocketMissing is returned by Dial when nothing exists at the socket path.
+// ErrSocketMissing is returned by Dial when there is no unix socket at the
+// socket path: nothing at all, or something else, such as the empty
+// directory the kubelet creates for a hostPath mount of a missing path.
 var ErrSocketMissing = errors.New("CRI socket not found")
 
 // Auth is one set of registry credentials for a pull.
@@ -80,19 +82,17 @@ func AbsSocket(socket string) (string, error) {
 	return abs, nil
 }
 
-// Dial connects to the runtime. It checks that the socket exists first, so
-// that the common misconfiguration gives one clear message instead of a
-// retry loop.
+// Dial connects to the runtime. It checks that a unix socket is at the path
+// first, so that the common misconfiguration gives one clear message instead
+// of a retry loop: grpc connects lazily, and a directory or a file at the
+// path would only show up as a runtime that does not answer.
 func Dial(socket string) (*Client, error) {
 	abs, err := AbsSocket(socket)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(abs); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%w at %s: is the container runtime running on this node, and does --cri-socket (the criSocket setting) point at its socket?", ErrSocketMissing, abs)
-		}
-		return nil, fmt.Errorf("CRI socket %s: %w", abs, err)
+	if err := checkSocket(abs); err != nil {
+		return nil, err
 	}
 	bc := backoff.DefaultConfig
 	bc.MaxDelay = 2 * time.Second
@@ -110,6 +110,32 @@ func Dial(socket string) (*Client, error) {
 		rt:     runtimeapi.NewRuntimeServiceClient(conn),
 		img:    runtimeapi.NewImageServiceClient(conn),
 	}, nil
+}
+
+// checkSocket returns ErrSocketMissing, with the likely fix, unless abs is
+// a unix socket (or a symlink to one).
+func checkSocket(abs string) error {
+	const fix = "is the container runtime running on this node, and does --cri-socket (the criSocket setting) point at its socket?"
+	fi, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w at %s: %s", ErrSocketMissing, abs, fix)
+	}
+	if err != nil {
+		return fmt.Errorf("CRI socket %s: %w", abs, err)
+	}
+	mode := fi.Mode()
+	switch {
+	case mode&os.ModeSocket != 0:
+		return nil
+	case mode.IsDir():
+		// A hostPath mount of a path that does not exist leaves an empty
+		// directory there: the kubelet makes one for DirectoryOrCreate, and
+		// containerd for a hostPath without a type.
+		return fmt.Errorf("%w at %s: a directory is there instead of a socket (a hostPath mount of a path that does not exist creates an empty one); %s", ErrSocketMissing, abs, fix)
+	case mode.IsRegular():
+		return fmt.Errorf("%w at %s: a regular file is there instead of a socket; %s", ErrSocketMissing, abs, fix)
+	}
+	return fmt.Errorf("%w at %s: a file of mode %s is there instead of a socket; %s", ErrSocketMissing, abs, mode.Type(), fix)
 }
 
 // Close closes the connection.

@@ -2,6 +2,7 @@ package cri
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,30 +53,49 @@ func TestDialMissingSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What a hostPath mount of a wrong criSocket leaves behind.
+	emptyDir := filepath.Join(dir, "empty.sock")
+	if err := os.Mkdir(emptyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "file.sock")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		name     string
-		socket   string
-		wantPath string
+		name      string
+		socket    string
+		wantPath  string
+		wantThere string // what the message says is there instead; "" for nothing
 	}{
-		{"absolute", filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "containerd.sock")},
-		{"relative", "no/such/cri.sock", wantRel},
-		{"unix scheme", "unix://" + filepath.Join(dir, "crio.sock"), filepath.Join(dir, "crio.sock")},
+		{"absolute", filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "containerd.sock"), ""},
+		{"relative", "no/such/cri.sock", wantRel, ""},
+		{"unix scheme", "unix://" + filepath.Join(dir, "crio.sock"), filepath.Join(dir, "crio.sock"), ""},
+		{"directory", emptyDir, emptyDir, "a directory is there instead of a socket"},
+		{"directory with unix scheme", "unix://" + emptyDir, emptyDir, "a directory is there instead of a socket"},
+		{"regular file", file, file, "a regular file is there instead of a socket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := Dial(tt.socket)
 			if err == nil {
 				c.Close()
-				t.Fatal("Dial succeeded on a missing socket")
+				t.Fatal("Dial succeeded without a socket at the path")
 			}
 			if !errors.Is(err, ErrSocketMissing) {
 				t.Errorf("error %v does not wrap ErrSocketMissing", err)
 			}
 			msg := err.Error()
-			for _, want := range []string{"at " + tt.wantPath + ":", "--cri-socket", "criSocket"} {
+			for _, want := range []string{"CRI socket not found at " + tt.wantPath + ":", "--cri-socket", "criSocket", tt.wantThere} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("message %q lacks %q", msg, want)
 				}
+			}
+			if tt.wantThere == "" && strings.Contains(msg, "instead of a socket") {
+				t.Errorf("message %q says something is at a missing path", msg)
+			}
+			if strings.Contains(msg, "\n") {
+				t.Errorf("message %q is more than one line", msg)
 			}
 		})
 	}
@@ -90,19 +110,50 @@ func TestDialEmptySocket(t *testing.T) {
 	}
 }
 
-func TestDialExistingSocket(t *testing.T) {
-	// Dial does not connect (grpc connects lazily), so any file at the path
-	// gets past the existence check; what matters is the absolute target.
-	p := filepath.Join(t.TempDir(), "cri.sock")
-	if err := os.WriteFile(p, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, err := Dial("unix://" + p)
+// listen serves a unix socket at a short path (the unix socket path limit
+// is near 100 bytes) and returns the path.
+func listen(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cri")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if c.Socket != p {
-		t.Errorf("Socket = %q, want %q", c.Socket, p)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	p := filepath.Join(dir, "cri.sock")
+	ln, err := net.Listen("unix", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return p
+}
+
+func TestDialExistingSocket(t *testing.T) {
+	// Dial does not connect (grpc connects lazily): what matters is that
+	// a listening socket passes the check and the target is absolute.
+	p := listen(t)
+	link := filepath.Join(filepath.Dir(p), "link.sock")
+	if err := os.Symlink(p, link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, socket, want string
+	}{
+		{"socket", p, p},
+		{"unix scheme", "unix://" + p, p},
+		// /var/run is often a symlink to /run; the path is kept as given.
+		{"symlink to a socket", link, link},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Dial(tt.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.Socket != tt.want {
+				t.Errorf("Socket = %q, want %q", c.Socket, tt.want)
+			}
+		})
 	}
 }
