@@ -37,7 +37,7 @@ func TestClassifyContainerdMessages(t *testing.T) {
 		{"stall", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), Transient, ReasonTimeout},
 		{"malformed reference", fakecri.InvalidReference("Bad::Ref"), Permanent, ReasonInvalidReference},
 		{"socket missing", status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial unix /run/containerd/containerd.sock: connect: no such file or directory"`), Transient, ReasonPullFailed},
-		{"platform", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: no match for platform in manifest: not found`, ref), Permanent, ReasonPullFailed},
+		{"platform", fakecri.NoMatchForPlatform(ref), Permanent, ReasonPullFailed},
 		{"reset", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: read tcp 1.2.3.4:5->6.7.8.9:443: read: connection reset by peer`, ref), Transient, ReasonPullFailed},
 		{"eof", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: unexpected EOF`, ref), Transient, ReasonPullFailed},
 		{"local deadline", context.DeadlineExceeded, Transient, ReasonTimeout},
@@ -56,8 +56,12 @@ func TestClassifyContainerdMessages(t *testing.T) {
 
 func TestContainerdMessagesAreExact(t *testing.T) {
 	// The fake must say exactly what containerd says, or the classifier
-	// tests prove nothing.
-	ref := "127.0.0.1:5000/x/y:1"
+	// tests prove nothing. The tag is v1, as in the messages recorded from
+	// containerd 1.6.20 against a local registry.
+	ref := "127.0.0.1:5000/x/y:v1"
+	const pinned = "registry.example.com/team/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const prefix = `failed to pull and unpack image "127.0.0.1:5000/x/y:v1": `
+	const resolve = prefix + `failed to resolve reference "127.0.0.1:5000/x/y:v1": `
 	cases := []struct {
 		name string
 		err  error
@@ -65,9 +69,28 @@ func TestContainerdMessagesAreExact(t *testing.T) {
 		want string
 	}{
 		{"401", fakecri.HTTPStatus(ref, "127.0.0.1:5000", "401 Unauthorized"), codes.Unknown,
-			`rpc error: code = Unknown desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 401 Unauthorized`},
+			`rpc error: code = Unknown desc = ` + resolve + `pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 401 Unauthorized`},
+		{"403", fakecri.HTTPStatus(ref, "127.0.0.1:5000", "403 Forbidden"), codes.Unknown,
+			`rpc error: code = Unknown desc = ` + resolve + `pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 403 Forbidden`},
+		{"429", fakecri.HTTPStatus(ref, "127.0.0.1:5000", "429 Too Many Requests"), codes.Unknown,
+			`rpc error: code = Unknown desc = ` + resolve + `pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 429 Too Many Requests`},
+		{"503", fakecri.HTTPStatus(ref, "127.0.0.1:5000", "503 Service Unavailable"), codes.Unknown,
+			`rpc error: code = Unknown desc = ` + resolve + `pulling from host 127.0.0.1:5000 failed with status code [manifests v1]: 503 Service Unavailable`},
+		// containerd's resolver names the path it asked for: the digest of
+		// a pinned reference.
+		{"401 pinned", fakecri.HTTPStatus(pinned, "registry.example.com", "401 Unauthorized"), codes.Unknown,
+			`rpc error: code = Unknown desc = failed to pull and unpack image "` + pinned + `": failed to resolve reference "` + pinned + `": pulling from host registry.example.com failed with status code [manifests sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef]: 401 Unauthorized`},
+		// Without hosts.toml, containerd's CRI speaks plain HTTP to a
+		// loopback registry.
+		{"connection refused", fakecri.ConnectionRefused(ref, "127.0.0.1:5000"), codes.Unknown,
+			`rpc error: code = Unknown desc = ` + resolve + `failed to do request: Head "http://127.0.0.1:5000/v2/x/y/manifests/v1": dial tcp 127.0.0.1:5000: connect: connection refused`},
+		{"connection refused, docker hub", fakecri.ConnectionRefused("docker.io/library/debian:12", "203.0.113.7:443"), codes.Unknown,
+			`rpc error: code = Unknown desc = failed to pull and unpack image "docker.io/library/debian:12": failed to resolve reference "docker.io/library/debian:12": failed to do request: Head "https://registry-1.docker.io/v2/library/debian/manifests/12": dial tcp 203.0.113.7:443: connect: connection refused`},
 		{"not found", fakecri.NotFound(ref), codes.NotFound,
-			`rpc error: code = NotFound desc = failed to pull and unpack image "127.0.0.1:5000/x/y:1": failed to resolve reference "127.0.0.1:5000/x/y:1": 127.0.0.1:5000/x/y:1: not found`},
+			`rpc error: code = NotFound desc = ` + resolve + `127.0.0.1:5000/x/y:v1: not found`},
+		// errdefs.ErrNotFound wrapped, so NotFound rather than Unknown.
+		{"no match for platform", fakecri.NoMatchForPlatform(ref), codes.NotFound,
+			`rpc error: code = NotFound desc = ` + prefix + `no match for platform in manifest: not found`},
 		{"invalid reference", fakecri.InvalidReference("Bad::Ref"), codes.Unknown,
 			`rpc error: code = Unknown desc = failed to parse image reference "Bad::Ref": invalid reference format: repository name must be lowercase`},
 		// Docker Hub, anonymous pull of a repository that does not exist.

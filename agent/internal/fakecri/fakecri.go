@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -222,9 +223,11 @@ func BlobNotFound(ref string) error {
 }
 
 // HTTPStatus is a registry answer such as "401 Unauthorized" or
-// "503 Service Unavailable" from host.
+// "503 Service Unavailable" from host. containerd's resolver names the path
+// it asked for as [manifests <tag or digest>].
 func HTTPStatus(ref, host, code string) error {
-	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: pulling from host %s failed with status code [manifests v1]: %s", ref, ref, host, code)
+	_, _, object := split(ref)
+	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: pulling from host %s failed with status code [manifests %s]: %s", ref, ref, host, object, code)
 }
 
 // PullAccessDenied is Docker Hub's answer for a repository that does not
@@ -238,9 +241,51 @@ func PullAccessDenied(ref string) error {
 	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: authorization failed", ref, ref)
 }
 
-// ConnectionRefused is a registry that is down.
-func ConnectionRefused(ref, host string) error {
-	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: failed to do request: Head \"https://%s/v2/x/manifests/v1\": dial tcp %s: connect: connection refused", ref, ref, host, host)
+// ConnectionRefused is a registry that is down; addr is the address dialed
+// (Go's dial error names the resolved IP and port, not the host name).
+func ConnectionRefused(ref, addr string) error {
+	host, repo, object := split(ref)
+	return status.Errorf(codes.Unknown, pullPrefix+"failed to resolve reference %q: failed to do request: Head %q: dial tcp %s: connect: connection refused",
+		ref, ref, scheme(host)+"://"+host+"/v2/"+repo+"/manifests/"+object, addr)
+}
+
+// NoMatchForPlatform is an image with no manifest for the node's platform.
+// containerd wraps errdefs.ErrNotFound here, so the code is NotFound.
+func NoMatchForPlatform(ref string) error {
+	return status.Errorf(codes.NotFound, pullPrefix+"no match for platform in manifest: not found", ref)
+}
+
+// split cuts a normalized reference the way containerd's resolver sees it:
+// the registry host it connects to, the repository path, and the manifest
+// object it asks for (the digest when there is one, else the tag).
+func split(ref string) (host, repo, object string) {
+	host, rest, _ := strings.Cut(ref, "/")
+	if host == "docker.io" {
+		host = "registry-1.docker.io"
+	}
+	name, digest, pinned := strings.Cut(rest, "@")
+	if i := strings.LastIndex(name, ":"); i >= 0 {
+		repo, object = name[:i], name[i+1:]
+	} else {
+		repo, object = name, "latest"
+	}
+	if pinned {
+		object = digest
+	}
+	return host, repo, object
+}
+
+// scheme is containerd 1.6's CRI default for a registry without hosts.toml
+// (defaultScheme with docker.IsLocalhost): plain HTTP for localhost and
+// loopback addresses, HTTPS for every other host.
+func scheme(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if host == "localhost" || net.ParseIP(host).IsLoopback() {
+		return "http"
+	}
+	return "https"
 }
 
 // InvalidReference is a malformed reference.
