@@ -15,15 +15,3 @@ func Doubling(d, max time.Duration) time.Duration {
 func Jitter(d time.Duration, r float64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*r))
 }
-
-// Schedule lists the first n values of a doubling sequence, without jitter.
-// It documents, and lets tests pin down, how attempt timeouts and delays grow.
-func Schedule(initial, max time.Duration, n int) []time.Duration {
-	out := make([]time.Duration, 0, n)
-	d := initial
-	for range n {
-		out = append(out, d)
-		d = Doubling(d, max)
-	}
-	return out
-}

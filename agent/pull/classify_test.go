@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -104,38 +103,5 @@ func TestContainerdMessagesAreExact(t *testing.T) {
 		if got := status.Code(c.err); got != c.code {
 			t.Errorf("%s: code %v, want %v", c.name, got, c.code)
 		}
-	}
-}
-
-func TestSchedule(t *testing.T) {
-	s := time.Second
-	cases := []struct {
-		initial, max time.Duration
-		want         []time.Duration
-	}{
-		{30 * s, 5 * time.Minute, []time.Duration{30 * s, 60 * s, 120 * s, 240 * s, 300 * s, 300 * s}},
-		{s, 10 * time.Minute, []time.Duration{s, 2 * s, 4 * s, 8 * s, 16 * s, 32 * s}},
-		{s, s, []time.Duration{s, s, s, s, s, s}},
-	}
-	for _, c := range cases {
-		got := Schedule(c.initial, c.max, len(c.want))
-		for i := range c.want {
-			if got[i] != c.want[i] {
-				t.Errorf("Schedule(%v,%v) = %v, want %v", c.initial, c.max, got, c.want)
-				break
-			}
-		}
-	}
-}
-
-func TestJitterStaysWithinTwentyPercent(t *testing.T) {
-	for _, r := range []float64{0, 0.25, 0.5, 0.75, 0.999999} {
-		d := Jitter(10*time.Second, r)
-		if d < 8*time.Second || d > 12*time.Second {
-			t.Errorf("Jitter(10s, %v) = %v", r, d)
-		}
-	}
-	if Jitter(10*time.Second, 0) != 8*time.Second || Jitter(10*time.Second, 0.5) != 10*time.Second {
-		t.Error("jitter is not centred on the nominal delay")
 	}
 }
