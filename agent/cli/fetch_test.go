@@ -389,6 +389,9 @@ func TestFetchUsageErrors(t *testing.T) {
 		{"labeling asked for without instance", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode}, "--label-node needs --instance (or INSTANCE_NAME)"},
 		{"labeling asked for without node", []string{"fetch", sock, "--label-node=true", "--instance=" + testInstance}, "--label-node needs --node-name (or NODE_NAME)\n"},
 		{"non-positive image list timeout", []string{"fetch", sock, "--label-node=false", "--image-list-timeout=0s"}, "--image-list-timeout must be positive"},
+		// Without a bin dir, a plugin name alone would be run from $PATH.
+		{"credential provider config without bin dir", []string{"fetch", sock, "--label-node=false", "--image-credential-provider-config=" + writeList(t, "kind: CredentialProviderConfig\n")},
+			"--image-credential-provider-config needs --image-credential-provider-bin-dir"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

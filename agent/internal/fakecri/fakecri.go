@@ -45,6 +45,8 @@ type Server struct {
 	calls     map[string]int
 	pulls     []PullCall // in arrival order
 	inflight  sync.WaitGroup
+	active    int // PullImage handlers running
+	maxActive int
 	statuses  int
 	grpc      *grpc.Server
 	dir       string
@@ -149,6 +151,18 @@ func (s *Server) Pulls(ref string) []PullCall {
 	return out
 }
 
+// MaxConcurrentPulls is the largest number of PullImage calls the server
+// was working on at once so far. A call counts from its arrival until its
+// behavior returns, which is before the client sees the answer: a client
+// that waits for answers before sending more cannot push it past its bound.
+// A call that times out can: the client moves on at its deadline, maybe
+// before the handler has returned.
+func (s *Server) MaxConcurrentPulls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxActive
+}
+
 // StatusCalls is the number of ImageStatus calls so far.
 func (s *Server) StatusCalls() int {
 	s.mu.Lock()
@@ -191,12 +205,15 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 	b := s.behaviors[ref]
 	i := len(s.pulls)
 	s.pulls = append(s.pulls, call)
+	s.active++
+	s.maxActive = max(s.maxActive, s.active)
 	s.mu.Unlock()
 	var err error
 	if b != nil {
 		err = b(ctx, n, req)
 	}
 	s.mu.Lock()
+	s.active--
 	s.pulls[i].Err = err
 	if err == nil {
 		s.images[ref] = 1000
