@@ -99,10 +99,18 @@ func KubeClient(kubeconfig string) (kube.Interface, error) {
 type globalFlags struct {
 	logFormat string
 	logLevel  string
+	// log is the logger the flags asked for, once they were read.
+	log *slog.Logger
 }
 
 // New returns the root command.
 func New(deps Deps) *cobra.Command {
+	cmd, _ := newRoot(deps)
+	return cmd
+}
+
+// newRoot returns the root command and the global flags it fills in.
+func newRoot(deps Deps) (*cobra.Command, *globalFlags) {
 	deps.defaults()
 	g := &globalFlags{}
 	root := &cobra.Command{
@@ -123,6 +131,7 @@ func New(deps Deps) *cobra.Command {
 				return &ExitCodeError{Code: ExitUsage, Err: err}
 			}
 			slog.SetDefault(log)
+			g.log = log
 			return nil
 		},
 	}
@@ -134,7 +143,7 @@ func New(deps Deps) *cobra.Command {
 		return &ExitCodeError{Code: ExitUsage, Err: err}
 	})
 	root.AddCommand(newFetch(&deps), newWatch(&deps), newSleep(&deps), newStatus(&deps), newVersion(&deps))
-	return root
+	return root, g
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -155,7 +164,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // Execute runs the command line and returns the process exit code.
 func Execute(ctx context.Context, args []string, deps Deps) int {
 	deps.defaults()
-	cmd := New(deps)
+	cmd, g := newRoot(deps)
 	cmd.SetArgs(args)
 	err := cmd.ExecuteContext(ctx)
 	if err == nil {
@@ -167,9 +176,26 @@ func Execute(ctx context.Context, args []string, deps Deps) int {
 		code = ce.Code
 	}
 	if code == ExitUsage || !errors.As(err, &ce) || ce.Err != errSilent {
-		fmt.Fprintf(deps.Stderr, "image-prefetcher: %v\n", err)
+		reportFatal(deps.Stderr, g, err, code)
 	}
 	return code
+}
+
+// reportFatal prints the error that ends the run. Under --log-format json it
+// is one more JSON log line, at error level, so that a log pipeline that
+// parses every line as JSON keeps it; otherwise it is a plain line.
+func reportFatal(w io.Writer, g *globalFlags, err error, code int) {
+	if !strings.EqualFold(g.logFormat, "json") {
+		fmt.Fprintf(w, "image-prefetcher: %v\n", err)
+		return
+	}
+	log := g.log
+	if log == nil {
+		// The run ended before the logger was set up: a flag the parser
+		// rejected, or a bad --log-level. --log-format json was read.
+		log = slog.New(slog.NewJSONHandler(w, nil))
+	}
+	log.Error(err.Error(), "exitCode", code)
 }
 
 // errSilent marks exits whose reason was already logged.
