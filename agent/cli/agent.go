@@ -67,7 +67,7 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.StringArrayVar(&f.dockerConfigs, "docker-config", nil, "pull secret: a directory holding .dockerconfigjson and/or .dockercfg, or one such file (repeatable)")
 	fs.DurationVar(&f.initialAttemptTimeout, "initial-pull-attempt-timeout", 30*time.Second, "timeout of the first pull attempt of an image; doubles on each attempt")
 	fs.DurationVar(&f.maxAttemptTimeout, "max-pull-attempt-timeout", 5*time.Minute, "largest timeout of one pull attempt")
-	fs.DurationVar(&f.overallTimeout, "overall-timeout", 20*time.Minute, "time allowed for pulling the whole list")
+	fs.DurationVar(&f.overallTimeout, "overall-timeout", 20*time.Minute, "time allowed for pulling the whole list, counted from when pulling starts: after the ImageStatus checks and the herd-control slot")
 	fs.DurationVar(&f.initialDelay, "initial-pull-attempt-delay", time.Second, "delay before the second attempt of an image; doubles on each attempt, ±20% jitter")
 	fs.DurationVar(&f.maxDelay, "max-pull-attempt-delay", 10*time.Minute, "largest delay between attempts of an image")
 	fs.StringVar(&f.providerConfig, "image-credential-provider-config", "", "kubelet CredentialProviderConfig file for exec credential plugins")

@@ -392,9 +392,10 @@ func (p *Puller) giveUp(ctx context.Context, j *job) {
 	j.log.Error("pull failed", "attempts", r.Attempts, "reason", r.Reason, "err", j.lastErr)
 }
 
-// attempt tries every credential, then anonymous, each with its own
-// deadline. A registry may answer 401 for a missing tag, so a credential
-// error moves on to the next credential instead of ending the attempt.
+// attempt tries every credential, then anonymous, each with a deadline of
+// the whole attempt timeout. Any error moves on to the next try: a registry
+// may answer 401 for a missing tag, and a credential may be slow where the
+// next one is not.
 func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, timeout time.Duration) error {
 	tries := make([]*cri.Auth, 0, len(auths)+1)
 	for i := range auths {
