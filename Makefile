@@ -51,11 +51,15 @@ $(BIN)/kustomize:
 	@echo ">> installing kustomize $(KUSTOMIZE_VERSION) into $(BIN)"
 	GOBIN=$(BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 
+# podman runs the function image under kpt (tests/examples): no daemon, and
+# without its recommends (slirp4netns, fuse-overlayfs, ...), which it does
+# not use here.
 host-deps:
-	@missing=0; for c in containerd runc etcd iptables ip nsenter unshare; do command -v $$c >/dev/null || missing=1; done; \
+	@missing=0; for c in containerd runc etcd iptables ip nsenter unshare podman; do command -v $$c >/dev/null || missing=1; done; \
 	 [ -x /usr/lib/cni/bridge ] || missing=1; \
-	 if [ $$missing = 1 ]; then echo ">> apt-get install $(APT_PACKAGES)"; \
-	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	 if [ $$missing = 1 ]; then echo ">> apt-get install $(APT_PACKAGES) podman"; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null && \
+	   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman >/dev/null; \
 	 else echo ">> host packages present"; fi
 
 kube:

@@ -1,9 +1,11 @@
 package examples_test
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,7 +19,7 @@ import (
 // The commands examples/kpt/README.md gives, run from examples/kpt.
 const (
 	kptRenderExec  = "kpt fn render --allow-exec exec -o rendered"
-	kptRenderImage = "kpt fn render image -o rendered"
+	kptRenderImage = "KPT_FN_RUNTIME=podman kpt fn render image -o rendered"
 	kptSourceSink  = "kpt fn source exec | kpt fn eval - --exec image-prefetcher-fn | kpt fn sink rendered"
 	kptReadme      = "examples/kpt/README.md"
 	kptGolden      = "examples/kpt/expected"
@@ -36,12 +38,10 @@ func testKpt(t *testing.T, tl tools, api *apiServer) {
 	})
 
 	// kpt runs `image:` functions through a container runtime CLI. There is
-	// no container engine here, so a stand-in `docker` on PATH plays the
-	// engine: it checks that kpt asked for the released function image with
-	// no network and as user nobody, and then runs the same static binary
-	// the image holds in a fresh network namespace as uid 65534. What kpt
-	// itself does (read the Kptfile, build and send the ResourceList, write
-	// the files) is real.
+	// no Docker engine here, but podman needs none: kpt runs the function
+	// image this build made (`make oci`) through real podman and runc, as
+	// its README shows. A logging wrapper in front of podman records what
+	// kpt asked for (no network, user nobody, this release's image).
 	t.Run("render-image", func(t *testing.T) {
 		tl.readmeDocuments(t, kptReadme, kptRenderImage)
 		dir := tl.copyTree(t, "examples/kpt", t.TempDir())
@@ -49,11 +49,21 @@ func testKpt(t *testing.T, tl tools, api *apiServer) {
 		if got := kptfileImage(t, filepath.Join(dir, "image", "Kptfile")); got != wantImage {
 			t.Fatalf("examples/kpt/image/Kptfile runs %q, want the function image of this release %q", got, wantImage)
 		}
-		shim, log := dockerShim(t, tl, wantImage)
-		tl.run(t, dir, tl.env(shim), append([]string{tl.kpt}, strings.Fields(kptRenderImage)[1:]...)...)
-		calls, err := os.ReadFile(log)
-		if err != nil || !strings.Contains(string(calls), "run ") {
-			t.Fatalf("kpt never ran the function container (docker calls: %q, %v)", calls, err)
+		pm := newPodman(t, tl)
+		pm.load(t, filepath.Join(tl.root, "out", "oci", "image-prefetcher-fn"), wantImage)
+		tl.run(t, dir, pm.env, "bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", kptRenderImage)
+		runs := pm.runs(t)
+		if len(runs) != 1 {
+			t.Fatalf("kpt ran %d function containers, want 1 (podman calls: %q)", len(runs), runs)
+		}
+		args := strings.Fields(runs[0])
+		for _, want := range [][]string{{"--network", "none"}, {"--user", "nobody"}} {
+			if !slices.ContainsFunc(pairs(args), func(p [2]string) bool { return p == [2]string{want[0], want[1]} }) {
+				t.Errorf("kpt ran the function without %s %s: podman %s", want[0], want[1], runs[0])
+			}
+		}
+		if last := args[len(args)-1]; last != wantImage {
+			t.Errorf("kpt ran image %q, want %q", last, wantImage)
 		}
 		out := filepath.Join(dir, "rendered")
 		tl.goldenDir(t, kptGolden, out, isKptfile)
@@ -103,30 +113,121 @@ func kptfileImage(t *testing.T, path string) string {
 	return kf.Pipeline.Mutators[0].Image
 }
 
-// dockerShim writes the stand-in docker CLI and returns its directory and
-// the log of its calls.
-func dockerShim(t *testing.T, tl tools, image string) (dir, log string) {
+// podman is a podman with storage, state and configuration of its own in a
+// temporary directory, so a test neither sees nor leaves images on the host.
+type podman struct {
+	bin string   // the real podman
+	dir string   // its private root
+	env []string // for kpt: the private config, the wrapper first on PATH
+	log string   // the arguments of every podman call kpt made
+}
+
+func newPodman(t *testing.T, tl tools) *podman {
 	t.Helper()
-	dir = t.TempDir()
-	log = filepath.Join(dir, "calls.log")
-	script := fmt.Sprintf(`#!/bin/sh
-echo "$*" >> %[1]q
-case "$1" in
-version) echo 28.2.2; exit 0 ;;
-run) ;;
-*) echo "docker stand-in: unexpected command: $*" >&2; exit 1 ;;
-esac
-args=" $* "
-case "$args" in *" --network none "*) ;; *) echo "docker stand-in: kpt did not ask for --network none" >&2; exit 1 ;; esac
-case "$args" in *" --user nobody "*) ;; *) echo "docker stand-in: kpt did not ask for --user nobody" >&2; exit 1 ;; esac
-for last; do :; done
-if [ "$last" != %[2]q ]; then echo "docker stand-in: unexpected image $last" >&2; exit 1; fi
-exec unshare --net -- setpriv --reuid=65534 --regid=65534 --clear-groups -- %[3]q
-`, log, image, tl.fn)
-	if err := os.WriteFile(filepath.Join(dir, "docker"), []byte(script), 0o755); err != nil {
+	bin, err := exec.LookPath("podman")
+	if err != nil {
+		t.Fatalf("podman not found on PATH: `make host-deps` installs it (apt-get install podman); kpt runs `image:` functions through it")
+	}
+	dir := t.TempDir()
+	pm := &podman{bin: bin, dir: dir, log: filepath.Join(dir, "calls.log")}
+	// runc sets a container's rlimits from podman's defaults, which raise
+	// nofile and nproc; without CAP_SYS_RESOURCE in the bounding set (as on
+	// this machine kind) that fails, so the limits are modest fixed values.
+	// cgroupfs and a file event log: there is no systemd or journald.
+	files := map[string]string{
+		"storage.conf": fmt.Sprintf("[storage]\ndriver = \"overlay\"\ngraphroot = %q\nrunroot = %q\n",
+			filepath.Join(dir, "root"), filepath.Join(dir, "run")),
+		"containers.conf": fmt.Sprintf(`[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+log_driver = "k8s-file"
+[network]
+network_config_dir = %q
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+tmp_dir = %q
+volume_path = %q
+`, filepath.Join(dir, "net"), filepath.Join(dir, "tmp"), filepath.Join(dir, "volumes")),
+		"wrapper/podman": fmt.Sprintf("#!/bin/sh\necho \"$*\" >> %q\nexec %q \"$@\"\n", pm.log, bin),
+	}
+	for name, content := range files {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pm.env = append(tl.env(filepath.Join(dir, "wrapper")),
+		"CONTAINERS_CONF="+filepath.Join(dir, "containers.conf"),
+		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"))
+	// Before t.TempDir's removal: podman's overlay mounts must be gone.
+	t.Cleanup(func() {
+		if out, err := pm.cmd("rmi", "--all", "--force").CombinedOutput(); err != nil {
+			t.Errorf("podman rmi --all: %v\n%s", err, out)
+		}
+	})
+	return pm
+}
+
+func (pm *podman) cmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(pm.bin, args...)
+	cmd.Env = pm.env
+	return cmd
+}
+
+// load puts an OCI layout into podman's storage under ref, where kpt's
+// `--pull missing` finds it instead of going to the registry.
+func (pm *podman) load(t *testing.T, layout, ref string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(layout, "index.json")); err != nil {
+		t.Fatalf("no OCI layout at %s (run `make oci`): %v", layout, err)
+	}
+	id, err := pm.cmd("pull", "--quiet", "oci:"+layout).Output()
+	if err != nil {
+		t.Fatalf("podman pull oci:%s: %v", layout, stderrOf(err))
+	}
+	if out, err := pm.cmd("tag", strings.TrimSpace(string(id)), ref).CombinedOutput(); err != nil {
+		t.Fatalf("podman tag %s: %v\n%s", ref, err, out)
+	}
+	if err := os.Remove(pm.log); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	return dir, log
+}
+
+// runs returns the arguments of each `podman run` kpt made.
+func (pm *podman) runs(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(pm.log)
+	if err != nil {
+		t.Fatalf("kpt never called podman: %v", err)
+	}
+	var runs []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if strings.HasPrefix(line, "run ") {
+			runs = append(runs, line)
+		}
+	}
+	return runs
+}
+
+// pairs returns each argument with the one after it.
+func pairs(args []string) [][2]string {
+	var out [][2]string
+	for i := 0; i+1 < len(args); i++ {
+		out = append(out, [2]string{args[i], args[i+1]})
+	}
+	return out
+}
+
+func stderrOf(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return fmt.Sprintf("%v\n%s", err, ee.Stderr)
+	}
+	return err.Error()
 }
 
 // concatYAML joins the YAML files of a rendered package into one stream.
