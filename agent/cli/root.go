@@ -193,7 +193,7 @@ func reportFatal(w io.Writer, g *globalFlags, err error, code int) {
 	if log == nil {
 		// The run ended before the logger was set up: a flag the parser
 		// rejected, or a bad --log-level. --log-format json was read.
-		log = slog.New(slog.NewJSONHandler(w, nil))
+		log, _ = newLogger(w, "json", "info")
 	}
 	log.Error(err.Error(), "exitCode", code)
 }

@@ -1,7 +1,6 @@
 package examples_test
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -50,18 +49,18 @@ func testKpt(t *testing.T, tl tools, api *apiServer) {
 			t.Fatalf("examples/kpt/image/Kptfile runs %q, want the function image of this release %q", got, wantImage)
 		}
 		pm := newPodman(t, tl)
-		pm.load(t, filepath.Join(tl.root, "out", "oci", "image-prefetcher-fn"), wantImage)
+		pm.load(t, tl, filepath.Join(tl.root, "out", "oci", "image-prefetcher-fn"), wantImage)
 		tl.run(t, dir, pm.env, "bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", kptRenderImage)
 		runs := pm.runs(t)
 		if len(runs) != 1 {
 			t.Fatalf("kpt ran %d function containers, want 1 (podman calls: %q)", len(runs), runs)
 		}
-		args := strings.Fields(runs[0])
-		for _, want := range [][]string{{"--network", "none"}, {"--user", "nobody"}} {
-			if !slices.ContainsFunc(pairs(args), func(p [2]string) bool { return p == [2]string{want[0], want[1]} }) {
-				t.Errorf("kpt ran the function without %s %s: podman %s", want[0], want[1], runs[0])
+		for _, want := range []string{" --network none ", " --user nobody "} {
+			if !strings.Contains(" "+runs[0]+" ", want) {
+				t.Errorf("kpt ran the function without%s: podman %s", strings.TrimSuffix(want, " "), runs[0])
 			}
 		}
+		args := strings.Fields(runs[0])
 		if last := args[len(args)-1]; last != wantImage {
 			t.Errorf("kpt ran image %q, want %q", last, wantImage)
 		}
@@ -165,33 +164,22 @@ volume_path = %q
 		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"))
 	// Before t.TempDir's removal: podman's overlay mounts must be gone.
 	t.Cleanup(func() {
-		if out, err := pm.cmd("rmi", "--all", "--force").CombinedOutput(); err != nil {
-			t.Errorf("podman rmi --all: %v\n%s", err, out)
+		if _, err := tl.runErr(dir, pm.env, bin, "rmi", "--all", "--force"); err != nil {
+			t.Error(err)
 		}
 	})
 	return pm
 }
 
-func (pm *podman) cmd(args ...string) *exec.Cmd {
-	cmd := exec.Command(pm.bin, args...)
-	cmd.Env = pm.env
-	return cmd
-}
-
 // load puts an OCI layout into podman's storage under ref, where kpt's
 // `--pull missing` finds it instead of going to the registry.
-func (pm *podman) load(t *testing.T, layout, ref string) {
+func (pm *podman) load(t *testing.T, tl tools, layout, ref string) {
 	t.Helper()
 	if _, err := os.Stat(filepath.Join(layout, "index.json")); err != nil {
 		t.Fatalf("no OCI layout at %s (run `make oci`): %v", layout, err)
 	}
-	id, err := pm.cmd("pull", "--quiet", "oci:"+layout).Output()
-	if err != nil {
-		t.Fatalf("podman pull oci:%s: %v", layout, stderrOf(err))
-	}
-	if out, err := pm.cmd("tag", strings.TrimSpace(string(id)), ref).CombinedOutput(); err != nil {
-		t.Fatalf("podman tag %s: %v\n%s", ref, err, out)
-	}
+	id := tl.run(t, pm.dir, pm.env, pm.bin, "pull", "--quiet", "oci:"+layout)
+	tl.run(t, pm.dir, pm.env, pm.bin, "tag", strings.TrimSpace(string(id)), ref)
 	if err := os.Remove(pm.log); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
@@ -211,23 +199,6 @@ func (pm *podman) runs(t *testing.T) []string {
 		}
 	}
 	return runs
-}
-
-// pairs returns each argument with the one after it.
-func pairs(args []string) [][2]string {
-	var out [][2]string
-	for i := 0; i+1 < len(args); i++ {
-		out = append(out, [2]string{args[i], args[i+1]})
-	}
-	return out
-}
-
-func stderrOf(err error) string {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return fmt.Sprintf("%v\n%s", err, ee.Stderr)
-	}
-	return err.Error()
 }
 
 // concatYAML joins the YAML files of a rendered package into one stream.
