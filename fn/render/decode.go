@@ -173,6 +173,7 @@ var durationFields = [][]string{
 	{"spec", "pull", "overallTimeout"},
 	{"spec", "pull", "initialRetryDelay"},
 	{"spec", "pull", "maxRetryDelay"},
+	{"spec", "startupTaint", "maxWait"},
 }
 
 // normalizeDurations accepts an unquoted 0 in a duration field as "0":

@@ -292,6 +292,7 @@ func (c Config) flags(subcommand string) []string {
 	if c.SeedNodes > 0 {
 		f = append(f, fmt.Sprintf("--seed-nodes=%d", c.SeedNodes))
 	}
+	f = append(f, c.startupTaintFlags()...)
 	if subcommand == "watch" {
 		f = append(f, "--refresh-interval="+c.RefreshInterval.String())
 	}
@@ -420,7 +421,7 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 	onlyKey := func(v string) string {
 		return fmt.Sprintf("variables.new%[1]s.all(k, k == variables.key || (k in variables.old%[1]s && variables.old%[1]s[k] == variables.new%[1]s[k])) && variables.old%[1]s.all(k, k == variables.key || k in variables.new%[1]s)", v)
 	}
-	return &admissionv1.ValidatingAdmissionPolicy{
+	p := &admissionv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
 		ObjectMeta: meta,
 		Spec: admissionv1.ValidatingAdmissionPolicySpec{
@@ -468,11 +469,14 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 					Expression: fmt.Sprintf("!(variables.key in variables.newLabels) || variables.newLabels[variables.key] in ['%s', '%s']", v1alpha1.LabelSucceeded, v1alpha1.LabelFailed),
 					Message:    fmt.Sprintf("the label %s must be %s or %s", key, v1alpha1.LabelSucceeded, v1alpha1.LabelFailed),
 				},
-				{Expression: "object.spec == oldObject.spec", Message: "the image prefetcher may not change the node's spec"},
+				c.specValidation(),
 				{Expression: keep("ownerReferences") + " && " + keep("finalizers"), Message: "the image prefetcher may not change the node's owners or finalizers"},
 			},
 		},
 	}
+	p.Spec.Variables = append(p.Spec.Variables, c.startupTaintVariables()...)
+	p.Spec.Validations = append(p.Spec.Validations, c.startupTaintValidations()...)
+	return p
 }
 
 // securityContextConstraints is the part of OpenShift's SCC type that the

@@ -155,10 +155,13 @@ func TestDurationFieldsAreKnown(t *testing.T) {
 	walk = func(rt reflect.Type, path string) {
 		for name, ft := range jsonFields(rt) {
 			p := path + "." + name
+			if ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct {
+				ft = ft.Elem()
+			}
 			switch {
 			case ft.Kind() == reflect.Struct && ft.PkgPath() == rt.PkgPath():
 				walk(ft, p)
-			case ft.Kind() == reflect.String && (strings.HasSuffix(name, "Timeout") || strings.HasSuffix(name, "Delay") || strings.HasSuffix(name, "Interval")):
+			case ft.Kind() == reflect.String && (strings.HasSuffix(name, "Timeout") || strings.HasSuffix(name, "Delay") || strings.HasSuffix(name, "Interval") || strings.HasSuffix(name, "Wait")):
 				if !known[p] {
 					t.Errorf("%s looks like a duration but is not in durationFields", p)
 				}

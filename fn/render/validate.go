@@ -65,6 +65,8 @@ type Config struct {
 	// rendered object: kustomize's labels/commonLabels reach the
 	// ImagePrefetcher before the function runs, and so reach its output.
 	ExtraLabels map[string]string `json:"extraLabels,omitempty"`
+	// StartupTaint is nil unless spec.startupTaint is set.
+	StartupTaint *StartupTaintConfig `json:"startupTaint,omitempty"`
 }
 
 // DefaultResources are the agent's requests and limits when
@@ -311,6 +313,7 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 		// and whoever renders should see that.
 		p = append(p, warnf("spec.admissionPolicy", "is false: the agent's patch on nodes is then scoped by RBAC alone, so its ServiceAccount may change any label, annotation or field of every Node; keep the policy unless your cluster cannot install ValidatingAdmissionPolicies, or set spec.nodeLabel.enabled: false if you do not need the node label"))
 	}
+	p = append(p, c.validateStartupTaint(s)...)
 	return c, p
 }
 

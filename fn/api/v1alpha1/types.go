@@ -43,7 +43,28 @@ type Spec struct {
 	// RefreshInterval is a Go duration; "0" disables the periodic check.
 	RefreshInterval string `json:"refreshInterval,omitempty"`
 	AdmissionPolicy *bool  `json:"admissionPolicy,omitempty"`
+	// StartupTaint names a taint new nodes register with; the agent removes
+	// it from its node once every image is present. See docs/readiness.md.
+	StartupTaint *StartupTaint `json:"startupTaint,omitempty"`
 }
+
+// StartupTaint is a taint that keeps workloads off a new node until its
+// images are there: Karpenter's startupTaints, the cluster-autoscaler's
+// startup-taint.cluster-autoscaler.kubernetes.io/ prefix, or the kubelet's
+// --register-with-taints all expect some other system to remove it.
+type StartupTaint struct {
+	// Key is the taint key; every taint with this key (any value, any
+	// effect) is removed.
+	Key string `json:"key"`
+	// MaxWait is a Go duration, counted from when the agent's pod first
+	// started on the node: past it the taint is removed even though images
+	// are missing (fail-open). "0" keeps the taint until every image is
+	// present.
+	MaxWait string `json:"maxWait,omitempty"`
+}
+
+// DefaultStartupTaintMaxWait is spec.startupTaint.maxWait when unset.
+const DefaultStartupTaintMaxWait = "20m"
 
 // ImageListSource names where more images come from.
 type ImageListSource struct {
