@@ -20,6 +20,7 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	"github.com/image-prefetcher/image-prefetcher/agent/taint"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
@@ -51,6 +52,7 @@ type agentFlags struct {
 	permanentAttempts     int
 	labelRetryFor         time.Duration
 	statusTimeout         time.Duration
+	startupTaint          taintFlags
 
 	// Set from the command line by parsed.
 	labelNodeSet bool
@@ -85,6 +87,7 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.DurationVar(&f.versionRetryFor, "cri-connect-timeout", 30*time.Second, "how long to wait for the runtime to answer its first call")
 	fs.IntVar(&f.permanentAttempts, "permanent-error-attempts", 3, "attempts for an image whose errors are permanent (not found, unauthorized)")
 	fs.DurationVar(&f.labelRetryFor, "label-retry-timeout", 2*time.Minute, "how long transient API errors are retried when labeling")
+	f.startupTaint.register(fs)
 	_ = fs.MarkHidden("permanent-error-attempts")
 	_ = fs.MarkHidden("label-retry-timeout")
 
@@ -147,6 +150,8 @@ type agent struct {
 	labeler *label.Labeler
 	events  *events.Recorder
 	metrics *metrics.Metrics
+	// taint is nil unless --startup-taint is set.
+	taint *taint.Remover
 }
 
 // newAgent returns an agent that init will set up.
@@ -226,7 +231,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		client = k
 	}
 	if f.labelNode {
-		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep}
+		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep, StartupTaint: f.startupTaint.key}
 	}
 	a.events = &events.Recorder{Client: client, Pod: pod, Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
 
@@ -241,6 +246,9 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		if _, err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
 			return err
 		}
+	}
+	if err := a.initTaint(client); err != nil {
+		return err
 	}
 
 	c, err := cri.Dial(f.criSocket)

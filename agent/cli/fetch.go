@@ -22,6 +22,9 @@ func newFetch(deps *Deps) *cobra.Command {
 				return err
 			}
 			defer a.cri.Close()
+			// maxWait may pass while pulling: the taint then goes meanwhile.
+			stopTaint := a.watchTaint(ctx)
+			defer stopTaint()
 			results := a.puller.Run(ctx, a.entries, "")
 			s := summarize(results, time.Since(start))
 			a.observe(s)
@@ -38,6 +41,8 @@ func newFetch(deps *Deps) *cobra.Command {
 				}
 				a.log.Info("node labeled", "key", a.labeler.Key, "value", s.Value())
 			}
+			stopTaint()
+			a.settleTaint(ctx)
 			a.events.Record(ctx, ok, s.Text())
 			if !ok && failOnError {
 				return &ExitCodeError{Code: ExitImagesFailed, Err: fmt.Errorf("%d of %d images failed", s.FailureCount(), s.Total)}

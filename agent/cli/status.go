@@ -23,6 +23,15 @@ type InstanceStatus struct {
 	Instance string         `json:"instance"`
 	State    string         `json:"state"`
 	Summary  *label.Summary `json:"summary,omitempty"`
+	// StartupTaint is set when the instance has a startup taint.
+	StartupTaint *TaintState `json:"startupTaint,omitempty"`
+}
+
+// TaintState tells whether a node still carries an instance's startup
+// taint.
+type TaintState struct {
+	Key     string `json:"key"`
+	Present bool   `json:"present"`
 }
 
 // NodeStatus is one node's row of `status -o json`.
@@ -35,7 +44,7 @@ type NodeStatus struct {
 const stateMissing = "missing"
 
 func newStatus(deps *Deps) *cobra.Command {
-	var kubeconfig, selector, output, domain, cleanup string
+	var kubeconfig, selector, output, domain, cleanup, startupTaint string
 	var instances []string
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -60,6 +69,7 @@ func newStatus(deps *Deps) *cobra.Command {
 				return cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup))
 			}
 			rows, allOK := Collect(nodes.Items, domain, instances)
+			addTaints(rows, nodes.Items, startupTaint)
 			if output == "json" {
 				enc := json.NewEncoder(deps.Stdout)
 				enc.SetIndent("", "  ")
@@ -81,6 +91,7 @@ func newStatus(deps *Deps) *cobra.Command {
 	fs.StringArrayVar(&instances, "instance", nil, "only this instance (repeatable; default: every instance found)")
 	fs.StringVarP(&output, "output", "o", "table", "table or json")
 	fs.StringVar(&domain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
+	fs.StringVar(&startupTaint, "startup-taint", "", "startup taint key to report on (default: the key each instance's agents record in their annotation)")
 	fs.StringVar(&cleanup, "cleanup", "", "remove this retired instance's label and annotation from every (selected) node")
 	return cmd
 }
@@ -140,10 +151,21 @@ func Collect(nodes []corev1.Node, domain string, only []string) ([]NodeStatus, b
 
 func printTable(deps *Deps, rows []NodeStatus) {
 	w := tabwriter.NewWriter(deps.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tPRESENT\tFAILURES")
+	// The column is there only when some instance has a startup taint, so
+	// the table of everyone else stays as it was.
+	taints := hasTaints(rows)
+	if taints {
+		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tSTARTUP-TAINT\tPRESENT\tFAILURES")
+	} else {
+		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tPRESENT\tFAILURES")
+	}
 	for _, r := range rows {
 		if len(r.Instances) == 0 {
-			fmt.Fprintf(w, "%s\t-\t%s\t-\t-\n", r.Node, stateMissing)
+			if taints {
+				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\t-\n", r.Node, stateMissing)
+			} else {
+				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\n", r.Node, stateMissing)
+			}
 		}
 		for _, i := range r.Instances {
 			present, failures := "-", "-"
@@ -160,7 +182,11 @@ func printTable(deps *Deps, rows []NodeStatus) {
 					failures = strings.Join(parts, ", ")
 				}
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, present, failures)
+			if taints {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, taintCell(i.StartupTaint), present, failures)
+			} else {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, present, failures)
+			}
 		}
 	}
 	_ = w.Flush()

@@ -47,6 +47,7 @@ func newWatch(deps *Deps) *cobra.Command {
 				return exit()
 			}
 			defer a.cri.Close()
+			defer a.watchTaint(ctx)()
 			deps.Ready()
 			if refresh > 0 {
 				a.log.Info("watching", "images", len(a.entries), "refreshInterval", refresh)

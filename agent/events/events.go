@@ -35,20 +35,25 @@ type Recorder struct {
 	Log       *slog.Logger
 }
 
-// Record creates one Event. Failures are logged, never returned: an Event
-// is a courtesy and must not fail a run.
+// Record creates the Event of a run's outcome. Failures are logged, never
+// returned: an Event is a courtesy and must not fail a run.
 func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
+	typ, reason := corev1.EventTypeNormal, ReasonPrefetched
+	if !ok {
+		typ, reason = corev1.EventTypeWarning, ReasonPrefetchFailed
+	}
+	r.Emit(ctx, typ, reason, message)
+}
+
+// Emit creates one Event of any type and reason, logging failures.
+func (r *Recorder) Emit(ctx context.Context, typ, reason, message string) {
 	log := r.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	if r.Client == nil || r.Pod == "" || r.Namespace == "" {
-		log.Debug("not recording an Event: pod name or namespace unknown (POD_NAME/POD_NAMESPACE unset)")
+		log.Debug("not recording an Event: pod name or namespace unknown (POD_NAME/POD_NAMESPACE unset)", "reason", reason)
 		return
-	}
-	typ, reason := corev1.EventTypeNormal, ReasonPrefetched
-	if !ok {
-		typ, reason = corev1.EventTypeWarning, ReasonPrefetchFailed
 	}
 	message = truncate(message, maxMessage)
 	now := metav1.NewTime(time.Now())

@@ -44,6 +44,9 @@ type Summary struct {
 	OmittedFailures int       `json:"omittedFailures,omitempty"`
 	DurationSeconds float64   `json:"durationSeconds"`
 	CompletedAt     string    `json:"completedAt"`
+	// StartupTaint is the key of the startup taint the agent removes, so
+	// that `status` can tell whether a node still carries it.
+	StartupTaint string `json:"startupTaint,omitempty"`
 }
 
 // NewSummary builds a summary, keeping the first MaxFailures failures.
@@ -159,6 +162,8 @@ type Labeler struct {
 	InitialBackoff time.Duration
 	// Sleep waits between retries; tests replace it.
 	Sleep func(time.Duration)
+	// StartupTaint, when set, is recorded in every summary written.
+	StartupTaint string
 }
 
 func (l *Labeler) log() *slog.Logger {
@@ -171,6 +176,9 @@ func (l *Labeler) log() *slog.Logger {
 // Apply sets the label to the summary's value and the annotation to the
 // summary, retrying transient API errors for up to RetryFor.
 func (l *Labeler) Apply(ctx context.Context, s Summary) error {
+	if l.StartupTaint != "" {
+		s.StartupTaint = l.StartupTaint
+	}
 	patch := map[string]any{"metadata": map[string]any{
 		"labels":      map[string]any{l.Key: s.Value()},
 		"annotations": map[string]any{l.Key: s.Marshal()},

@@ -26,6 +26,10 @@ type Metrics struct {
 	PullBytes    prometheus.Counter
 	Attempts     *prometheus.CounterVec
 	LastSuccess  prometheus.Gauge
+	// StartupTaintRemovals counts startup-taint removals by reason:
+	// StartupTaintRemoved (images present) or StartupTaintTimeout
+	// (fail-open at maxWait).
+	StartupTaintRemovals *prometheus.CounterVec
 }
 
 // New registers the collectors.
@@ -49,7 +53,10 @@ func New() *Metrics {
 			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
 		}),
 	}
-	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess)
+	m.StartupTaintRemovals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "image_prefetcher_startup_taint_removals_total", Help: "Startup taints removed from the node, by reason: StartupTaintRemoved (every image present) or StartupTaintTimeout (maxWait passed with images missing).",
+	}, []string{"reason"})
+	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess, m.StartupTaintRemovals)
 	return m
 }
 
@@ -69,6 +76,11 @@ func (m *Metrics) Checked(present, failed int, at time.Time) {
 	if failed == 0 {
 		m.LastSuccess.Set(float64(at.Unix()))
 	}
+}
+
+// StartupTaintRemoved counts one startup-taint removal.
+func (m *Metrics) StartupTaintRemoved(reason string) {
+	m.StartupTaintRemovals.WithLabelValues(reason).Inc()
 }
 
 // Serve serves /metrics and /healthz on addr until ctx ends. It returns

@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/taint"
+)
+
+// taintFlags configure the startup taint (docs/readiness.md).
+type taintFlags struct {
+	key          string
+	maxWait      time.Duration
+	podStartFile string
+}
+
+func (t *taintFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&t.key, "startup-taint", "", "taint key to remove from this node once every image is present (or at --startup-taint-max-wait); off when empty")
+	fs.DurationVar(&t.maxWait, "startup-taint-max-wait", 20*time.Minute, "remove the startup taint this long after the pod first started even with images missing; 0 keeps it until every image is present")
+	fs.StringVar(&t.podStartFile, "pod-start-file", "", "file in the pod's emptyDir recording when the pod first started, so that a restarted container keeps the --startup-taint-max-wait clock; empty: the process start")
+}
+
+// initTaint sets up the startup-taint remover. It needs the node label:
+// the label says when every image is present, and labeling grants the
+// node access.
+func (a *agent) initTaint(client kube.Interface) error {
+	f := a.flags.startupTaint
+	if f.key == "" {
+		return nil
+	}
+	if f.maxWait < 0 {
+		return &ExitCodeError{Code: ExitUsage, Err: errors.New("--startup-taint-max-wait must not be negative")}
+	}
+	if !a.flags.labelNode {
+		return &ExitCodeError{Code: ExitUsage, Err: errors.New("--startup-taint needs node labeling (--label-node with --node-name and --instance)")}
+	}
+	started, err := taint.StartedAt(f.podStartFile, time.Now())
+	if err != nil {
+		a.log.Warn("startup taint: the pod's start time is unknown; counting maxWait from now", "err", err)
+	}
+	r := &taint.Remover{
+		Nodes: client.Nodes(), Node: a.flags.nodeName, Key: f.key,
+		LabelKey: label.Key(a.flags.labelDomain, a.flags.instance),
+		MaxWait:  f.maxWait, Started: started, Events: a.events, Log: a.log,
+	}
+	if a.metrics != nil {
+		r.Metrics = a.metrics
+	}
+	a.taint = r
+	a.log.Info("startup taint: removing it once every image is present", "taint", f.key, "maxWait", f.maxWait, "podStarted", started.UTC().Format(time.RFC3339), "deadline", r.Deadline())
+	return nil
+}
+
+// watchTaint runs the remover in the background until the taint is gone
+// or the returned stop is called; stop waits for it to finish.
+func (a *agent) watchTaint(ctx context.Context) (stop func()) {
+	if a.taint == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.taint.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// settleTaint looks at the node once, right after fetch wrote the label:
+// with every image present the taint goes now, not a poll later in watch.
+func (a *agent) settleTaint(ctx context.Context) {
+	if a.taint == nil {
+		return
+	}
+	if _, err := a.taint.Step(ctx); err != nil {
+		a.log.Warn("startup taint: not removed yet; watch keeps trying", "taint", a.taint.Key, "err", err)
+	}
+}
