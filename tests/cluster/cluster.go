@@ -66,6 +66,10 @@ type Options struct {
 	// labeled e2e.image-prefetcher.io/node=node-<i+1> and
 	// e2e.image-prefetcher.io/pool=pool-<a|b|...>.
 	NodeLabels func(i int) map[string]string
+	// LateNodes is how many nodes AddNode may join after start. Their
+	// credentials and addresses are made at start: the apiserver reads its
+	// token file only once.
+	LateNodes int
 	// BaseDir holds one directory per run. Default $IMAGE_PREFETCHER_E2E_DIR
 	// or /tmp/ipf-e2e.
 	BaseDir string
@@ -219,7 +223,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	addrs := []string{controlPlaneIP}
-	for i := range c.opts.Nodes {
+	for i := range c.opts.Nodes + c.opts.LateNodes {
 		addrs = append(addrs, nodeIP(i))
 	}
 	ns, err := createNetNS(ctx, c.path("netns"), addrs)
@@ -280,7 +284,7 @@ func (c *Cluster) writeControlPlaneFiles() error {
 		{"system:kube-controller-manager", ""},
 		{"system:kube-scheduler", ""},
 	}
-	for i := range c.opts.Nodes {
+	for i := range c.opts.Nodes + c.opts.LateNodes {
 		users = append(users, [2]string{"system:node:" + NodeName(i), "system:nodes"})
 	}
 	c.tokens = map[string]string{}

@@ -41,6 +41,8 @@ type Node struct {
 	Dir       string
 	holderPID int
 	cniNet    string
+	// kubeletArgs are extra kubelet flags (see JoinOptions).
+	kubeletArgs []string
 }
 
 // NodeSocketPath is the CRI socket path inside every node (what rendered
@@ -103,18 +105,7 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	c.mu.Unlock()
 
 	for i := range c.opts.Nodes {
-		labels := DefaultNodeLabels(i)
-		if c.opts.NodeLabels != nil {
-			maps.Copy(labels, c.opts.NodeLabels(i))
-		}
-		n := &Node{
-			c: c, Index: i, Name: NodeName(i), IP: nodeIP(i),
-			CgroupRoot: fmt.Sprintf("/ipf-%s-%s", c.ID, NodeName(i)),
-			Labels:     labels,
-			Dir:        c.path(fmt.Sprintf("n%d", i+1)),
-			cniNet:     fmt.Sprintf("ipf-%s-n%d", c.ID, i+1),
-		}
-		n.CRISocket = filepath.Join(n.Dir, "run", "containerd.sock")
+		n := c.newNode(i, nil)
 		c.mu.Lock()
 		c.nodes = append(c.nodes, n)
 		c.mu.Unlock()
@@ -144,6 +135,24 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 		}
 	}
 	return c.WaitNodesReady(ctx)
+}
+
+// newNode describes node i; extra labels are added to its defaults.
+func (c *Cluster) newNode(i int, extra map[string]string) *Node {
+	labels := DefaultNodeLabels(i)
+	if c.opts.NodeLabels != nil {
+		maps.Copy(labels, c.opts.NodeLabels(i))
+	}
+	maps.Copy(labels, extra)
+	n := &Node{
+		c: c, Index: i, Name: NodeName(i), IP: nodeIP(i),
+		CgroupRoot: fmt.Sprintf("/ipf-%s-%s", c.ID, NodeName(i)),
+		Labels:     labels,
+		Dir:        c.path(fmt.Sprintf("n%d", i+1)),
+		cniNet:     fmt.Sprintf("ipf-%s-n%d", c.ID, i+1),
+	}
+	n.CRISocket = filepath.Join(n.Dir, "run", "containerd.sock")
+	return n
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {
@@ -516,18 +525,19 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	for _, k := range keys {
 		labels = append(labels, k+"="+n.Labels[k])
 	}
+	args := []string{
+		"--config=" + filepath.Join(n.Dir, "kubelet.yaml"),
+		"--kubeconfig=" + filepath.Join(n.Dir, "kubelet.kubeconfig"),
+		"--root-dir=" + filepath.Join(n.Dir, "kubelet"),
+		"--cert-dir=" + filepath.Join(n.Dir, "kubelet", "pki"),
+		"--hostname-override=" + n.Name,
+		"--node-ip=" + n.IP,
+		"--node-labels=" + strings.Join(labels, ","),
+		"-v=1",
+	}
 	p := &proc{
-		name: n.Name + "/kubelet",
-		argv: n.inNode(n.c.kubeBin("kubelet"),
-			"--config="+filepath.Join(n.Dir, "kubelet.yaml"),
-			"--kubeconfig="+filepath.Join(n.Dir, "kubelet.kubeconfig"),
-			"--root-dir="+filepath.Join(n.Dir, "kubelet"),
-			"--cert-dir="+filepath.Join(n.Dir, "kubelet", "pki"),
-			"--hostname-override="+n.Name,
-			"--node-ip="+n.IP,
-			"--node-labels="+strings.Join(labels, ","),
-			"-v=1",
-		),
+		name:    n.Name + "/kubelet",
+		argv:    n.inNode(append([]string{n.c.kubeBin("kubelet")}, append(args, n.kubeletArgs...)...)...),
 		logPath: n.c.path("logs", n.Name+"-kubelet.log"),
 	}
 	if err := n.c.addProc(p); err != nil {
