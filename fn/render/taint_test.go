@@ -1,0 +1,60 @@
+package render
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// The agent must run on the nodes that carry the startup taint: narrowed
+// tolerations get one for the key, unless one already covers every effect.
+func TestStartupTaintTolerations(t *testing.T) {
+	const key = "example.com/warming"
+	added := corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists}
+	for _, tc := range []struct {
+		name string
+		in   []corev1.Toleration
+		want []corev1.Toleration
+		warn bool
+	}{
+		{"default tolerates everything", nil, []corev1.Toleration{{Operator: corev1.TolerationOpExists}}, false},
+		{"tolerate none", []corev1.Toleration{}, []corev1.Toleration{added}, true},
+		{"Exists on the key, any effect", []corev1.Toleration{{Key: key, Operator: corev1.TolerationOpExists}}, []corev1.Toleration{{Key: key, Operator: corev1.TolerationOpExists}}, false},
+		{"Exists on every key", []corev1.Toleration{{Operator: corev1.TolerationOpExists}}, []corev1.Toleration{{Operator: corev1.TolerationOpExists}}, false},
+		{"the key, NoSchedule only", []corev1.Toleration{{Key: key, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			[]corev1.Toleration{{Key: key, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}, added}, true},
+		{"the key with a value", []corev1.Toleration{{Key: key, Operator: corev1.TolerationOpEqual, Value: "x"}},
+			[]corev1.Toleration{{Key: key, Operator: corev1.TolerationOpEqual, Value: "x"}, added}, true},
+		{"another key", []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}},
+			[]corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}, added}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, Tolerations: tc.in, StartupTaint: &v1alpha1.StartupTaint{Key: key}}}
+			ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
+			c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
+			if probs.HasErrors() {
+				t.Fatal(probs)
+			}
+			if !reflect.DeepEqual(c.Tolerations, tc.want) {
+				t.Errorf("tolerations %v, want %v", c.Tolerations, tc.want)
+			}
+			warned := false
+			for _, p := range probs {
+				warned = warned || p.Severity == Warning && p.Path == "spec.tolerations"
+			}
+			if warned != tc.warn {
+				t.Errorf("warning %v, want %v: %v", warned, tc.warn, probs)
+			}
+			if len(tc.in) > 0 && !reflect.DeepEqual(ip.Spec.Tolerations, tc.in) {
+				t.Errorf("the input was changed: %v", ip.Spec.Tolerations)
+			}
+			if c.StartupTaint == nil || c.StartupTaint.Key != key || c.StartupTaint.MaxWait != 20*time.Minute {
+				t.Errorf("startup taint %+v, want the key and the default maxWait", c.StartupTaint)
+			}
+		})
+	}
+}
