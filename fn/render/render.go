@@ -405,7 +405,8 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 // admissionPolicy limits what the agent's ServiceAccount may do to a Node:
 // RBAC can only grant "patch nodes", so the policy makes sure the patch
 // touches this instance's label and annotation on the agent's own node and
-// nothing else.
+// nothing else, apart from removing the instance's startup taint when it
+// has one (taint.go).
 //
 // It matches the agent by the marker rule of its ClusterRole (see
 // MarkerResource), not by user name, so that it keeps matching when
