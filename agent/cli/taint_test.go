@@ -149,3 +149,25 @@ func TestStartupTaintNeedsLabeling(t *testing.T) {
 		t.Errorf("exit %d, want %d\n%s", code, ExitUsage, e.logs)
 	}
 }
+
+// Before any agent has written a summary (the first nodes still pulling),
+// --startup-taint names the key.
+func TestStatusStartupTaintFlag(t *testing.T) {
+	e := statusEnv(t)
+	n, err := e.kube.CoreV1().Nodes().Get(context.Background(), "n2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Taints = []corev1.Taint{{Key: testTaint, Effect: corev1.TaintEffectNoSchedule}}
+	if _, err := e.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.run("status", "--instance=web", "--startup-taint="+testTaint)
+	want := `NODE  INSTANCE  STATE      STARTUP-TAINT  PRESENT  FAILURES
+n1    web       succeeded  absent         2/2      -
+n2    web       failed     present        1/2      typo:1 (NotFound)
+`
+	if got := e.stdout.String(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
