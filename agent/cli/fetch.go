@@ -19,6 +19,7 @@ func newFetch(deps *Deps) *cobra.Command {
 			f.parsed(cmd)
 			a := newAgent(f, deps)
 			if err := a.init(ctx, args); err != nil {
+				a.failOpenTaint(ctx)
 				return err
 			}
 			defer a.cri.Close()

@@ -86,3 +86,16 @@ func (a *agent) settleTaint(ctx context.Context) {
 		a.log.Warn("startup taint: not removed yet; watch keeps trying", "taint", a.taint.Key, "err", err)
 	}
 }
+
+// failOpenTaint keeps maxWait true for an agent that cannot start (the
+// runtime unreachable, say): the kubelet restarts fetch, and the first
+// restart after maxWait removes the taint, with the Warning Event, instead
+// of leaving the node out of service for as long as the fault lasts.
+func (a *agent) failOpenTaint(ctx context.Context) {
+	if a.taint == nil {
+		return
+	}
+	if _, err := a.taint.Step(ctx); err != nil {
+		a.log.Warn("startup taint: checking the node failed", "taint", a.taint.Key, "err", err)
+	}
+}

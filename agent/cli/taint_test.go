@@ -171,3 +171,32 @@ n2    web       failed     present        1/2      typo:1 (NotFound)
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// An agent that cannot reach its runtime still lets the taint go once
+// maxWait has passed, at the restart the kubelet gives it.
+func TestFetchWithoutRuntimeFailsOpenAtMaxWait(t *testing.T) {
+	e := newEnv(t)
+	e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = "agent-x", "prefetch"
+	e.taintNode()
+	startFile := filepath.Join(t.TempDir(), "pod-started-at")
+	args := e.agentArgs("fetch", "--cri-socket=/does/not/exist.sock", "--startup-taint="+testTaint, "--startup-taint-max-wait=1h", "--pod-start-file="+startFile, "x:1")
+	if code := e.run(args...); code != ExitError {
+		t.Fatalf("exit %d", code)
+	}
+	if !taint.Has(e.node(testNode), testTaint) {
+		t.Fatal("the taint went before maxWait")
+	}
+	// The pod started more than maxWait ago.
+	if err := os.WriteFile(startFile, []byte(time.Now().Add(-2*time.Hour).UTC().Format(time.RFC3339Nano)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := e.run(args...); code != ExitError {
+		t.Fatalf("exit %d", code)
+	}
+	if got := e.node(testNode).Spec.Taints; !reflect.DeepEqual(got, []corev1.Taint{otherTaint}) {
+		t.Errorf("taints %v, want only the other one", got)
+	}
+	if evs := e.events(taint.ReasonTimeout); len(evs) != 1 || evs[0].Type != corev1.EventTypeWarning {
+		t.Errorf("events %v, want one Warning %s", evs, taint.ReasonTimeout)
+	}
+}
