@@ -1,0 +1,337 @@
+package examples_test
+
+import (
+	"bytes"
+	"fmt"
+	"iter"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// intent is one ImagePrefetcher of the package, as the user writes it.
+type intent struct {
+	file, namespace, name string
+	flavor                string
+	images                []string
+	nodeLabel, admission  bool
+	maxConcurrentNodes    int
+	seedNodes             int
+	// localConfig: the user marked the file config.kubernetes.io/local-config.
+	// Without it, the function adds the mark.
+	localConfig bool
+}
+
+func (i intent) yaml() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The intent, kept in Git.\napiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: %s\n  namespace: %s\n", i.name, i.namespace)
+	if i.localConfig {
+		b.WriteString("  annotations:\n    config.kubernetes.io/local-config: \"true\"\n")
+	}
+	b.WriteString("spec:\n")
+	if i.flavor != "" {
+		fmt.Fprintf(&b, "  flavor: %s\n", i.flavor)
+	}
+	b.WriteString("  images:\n")
+	for _, img := range i.images {
+		fmt.Fprintf(&b, "  - %s\n", img)
+	}
+	if !i.nodeLabel {
+		b.WriteString("  nodeLabel:\n    enabled: false\n")
+	}
+	if !i.admission {
+		b.WriteString("  admissionPolicy: false\n")
+	}
+	if i.maxConcurrentNodes > 0 {
+		fmt.Fprintf(&b, "  pull:\n    maxConcurrentNodes: %d\n", i.maxConcurrentNodes)
+		if i.seedNodes > 0 {
+			fmt.Fprintf(&b, "    seedNodes: %d\n", i.seedNodes)
+		}
+	}
+	return b.String()
+}
+
+// outputFile is where the function writes what the intent renders.
+func (i intent) outputFile() string {
+	return path.Join(path.Dir(i.file), "image-prefetcher."+i.namespace+"."+i.name+".yaml")
+}
+
+// objects is what the intent renders, "Kind namespace/name", sorted: the
+// table of docs/api.md (What it renders), written out independently of the
+// function.
+func (i intent) objects() []string {
+	ns, n := i.namespace+"/image-prefetcher-"+i.name, "image-prefetcher."+i.namespace+"."+i.name
+	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns, "DaemonSet " + ns}
+	if i.nodeLabel {
+		objs = append(objs, "ClusterRole "+n, "ClusterRoleBinding "+n)
+		if i.admission {
+			objs = append(objs, "ValidatingAdmissionPolicy "+n, "ValidatingAdmissionPolicyBinding "+n)
+		}
+	}
+	if i.flavor == "ocp" {
+		objs = append(objs, "SecurityContextConstraints "+n, "Role "+ns+"-scc", "RoleBinding "+ns+"-scc")
+	}
+	slices.Sort(objs)
+	return objs
+}
+
+// inplacePackage is the package in Git: the Kptfile, an unrelated file and
+// the intents.
+type inplacePackage struct {
+	configPath bool
+	intents    []intent
+}
+
+const inplaceNamespace = `# Unrelated to the function: must stay exactly as it is.
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: prefetch # where the agents run
+  labels:
+    pod-security.kubernetes.io/enforce: privileged
+`
+
+func (p inplacePackage) kptfile() string {
+	var b strings.Builder
+	b.WriteString("apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: prefetch\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\npipeline:\n  mutators:\n")
+	if !p.configPath {
+		b.WriteString("  - exec: image-prefetcher-fn\n")
+		return b.String()
+	}
+	for _, i := range p.intents {
+		fmt.Fprintf(&b, "  - exec: image-prefetcher-fn\n    configPath: %s\n", i.file)
+	}
+	return b.String()
+}
+
+// write puts the package's source files into dir, as the user's edit does:
+// the Kptfile and the intents are rewritten, files of intents that are gone
+// deleted. What the function rendered is left alone.
+func (p inplacePackage) write(t *testing.T, dir string, previous inplacePackage) {
+	t.Helper()
+	files := map[string]string{"Kptfile": p.kptfile(), "namespace.yaml": inplaceNamespace}
+	for _, i := range p.intents {
+		files[i.file] = i.yaml()
+	}
+	for _, i := range previous.intents {
+		if _, keep := files[i.file]; !keep {
+			if err := os.Remove(filepath.Join(dir, i.file)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// check asserts that dir holds exactly the package's sources and what its
+// intents render, nothing else: every object that is not local-config is
+// one the current intent renders, with the current settings.
+func (p inplacePackage) check(t *testing.T, dir string) {
+	t.Helper()
+	tree := readTree(t, dir, nil)
+	want := map[string][]string{"Kptfile": {"Kptfile prefetch"}, "namespace.yaml": {"Namespace prefetch"}}
+	for _, i := range p.intents {
+		want[i.file] = []string{"ImagePrefetcher " + i.namespace + "/" + i.name}
+		want[i.outputFile()] = i.objects()
+	}
+	if got, w := slices.Sorted(mapKeys(tree)), slices.Sorted(mapKeys(want)); !slices.Equal(got, w) {
+		t.Fatalf("files in the package:\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(w, "\n  "))
+	}
+	if got := string(tree["namespace.yaml"]); got != inplaceNamespace {
+		t.Errorf("namespace.yaml changed:\n%s", got)
+	}
+	byOutput := map[string]intent{}
+	for _, i := range p.intents {
+		byOutput[i.outputFile()] = i
+	}
+	for name, data := range tree {
+		var got []string
+		objs := decodeObjects(t, data)
+		for _, o := range objs {
+			key := o.GetKind() + " " + o.GetName()
+			if o.GetNamespace() != "" {
+				key = o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+			}
+			got = append(got, key)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want[name]) {
+			t.Errorf("%s holds\n  %s\nwant\n  %s", name, strings.Join(got, "\n  "), strings.Join(want[name], "\n  "))
+		}
+		i, rendered := byOutput[name]
+		for _, o := range objs {
+			local := o.GetAnnotations()["config.kubernetes.io/local-config"] == "true"
+			switch {
+			case o.GetKind() == "ImagePrefetcher" && !local:
+				t.Errorf("%s: the ImagePrefetcher is not local-config: kpt live apply would send it to the cluster", name)
+			case rendered && local:
+				t.Errorf("%s: %s %s is local-config", name, o.GetKind(), o.GetName())
+			case rendered && o.GetAnnotations()["image-prefetcher.stackrox.io/rendered-for"] != i.namespace+"/"+i.name:
+				t.Errorf("%s: %s %s is not marked as rendered for %s/%s: %v", name, o.GetKind(), o.GetName(), i.namespace, i.name, o.GetAnnotations())
+			}
+			if !rendered {
+				continue
+			}
+			// The objects carry the current settings, not an earlier render's.
+			switch {
+			case o.GetKind() == "ConfigMap":
+				list, _, _ := unstructuredString(o.Object, "data", "images.txt")
+				if want := strings.Join(i.images, "\n") + "\n"; list != want {
+					t.Errorf("%s: ConfigMap lists\n%s\nwant\n%s", name, list, want)
+				}
+			case o.GetKind() == "Role" && !strings.HasSuffix(o.GetName(), "-scc"):
+				text := fmt.Sprint(o.Object["rules"])
+				slots := strings.Count(text, i.name+"-slot-")
+				if slots != i.maxConcurrentNodes {
+					t.Errorf("%s: the Role names %d lease slots, want %d (maxConcurrentNodes): %s", name, slots, i.maxConcurrentNodes, text)
+				}
+			case o.GetKind() == "DaemonSet":
+				text := fmt.Sprint(o.Object["spec"])
+				if got, want := strings.Contains(text, fmt.Sprintf("--seed-nodes=%d", i.seedNodes)), i.seedNodes > 0; got != want {
+					t.Errorf("%s: the DaemonSet has --seed-nodes=%d: %t, want %t", name, i.seedNodes, got, want)
+				}
+			}
+		}
+	}
+}
+
+func mapKeys[V any](m map[string]V) iter.Seq[string] { return maps.Keys(m) }
+
+func unstructuredString(obj map[string]any, fields ...string) (string, bool, error) {
+	var cur any = obj
+	for _, f := range fields {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return "", false, nil
+		}
+		cur = m[f]
+	}
+	s, ok := cur.(string)
+	return s, ok, nil
+}
+
+// inplaceSteps is the sequence of edits between renders. Each step edits
+// the intents of the step before.
+var inplaceSteps = []struct {
+	name string
+	edit func([]intent) []intent
+}{
+	{"first render", func([]intent) []intent {
+		return []intent{{file: "prefetcher.yaml", namespace: "prefetch", name: "web", images: []string{"registry.k8s.io/pause:3.10", "docker.io/library/busybox:1.37"},
+			nodeLabel: true, admission: true, localConfig: true}}
+	}},
+	{"rename", func(is []intent) []intent { is[0].name = "web2"; return is }},
+	{"flavor ocp", func(is []intent) []intent { is[0].flavor = "ocp"; return is }},
+	{"flavor vanilla", func(is []intent) []intent { is[0].flavor = "vanilla"; return is }},
+	{"admission policy off", func(is []intent) []intent { is[0].admission = false; return is }},
+	{"admission policy on", func(is []intent) []intent { is[0].admission = true; return is }},
+	{"node label off", func(is []intent) []intent { is[0].nodeLabel = false; return is }},
+	{"node label on", func(is []intent) []intent { is[0].nodeLabel = true; return is }},
+	{"herd: maxConcurrentNodes and seedNodes", func(is []intent) []intent {
+		is[0].maxConcurrentNodes, is[0].seedNodes = 3, 1
+		return is
+	}},
+	{"herd: fewer slots, no seed", func(is []intent) []intent {
+		is[0].maxConcurrentNodes, is[0].seedNodes = 2, 0
+		return is
+	}},
+	{"list: an image added, one removed", func(is []intent) []intent {
+		is[0].images = []string{"docker.io/library/busybox:1.37", "quay.io/prometheus/busybox:latest"}
+		return is
+	}},
+	{"a second instance, in a directory, without local-config", func(is []intent) []intent {
+		return append(is, intent{file: "apps/api.yaml", namespace: "prefetch", name: "api", flavor: "ocp",
+			images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true})
+	}},
+	{"both edited: rename the first, shrink the second", func(is []intent) []intent {
+		is[0].name = "web3"
+		is[1].flavor, is[1].nodeLabel = "vanilla", false
+		return is
+	}},
+	{"the first instance removed", func(is []intent) []intent { return is[1:] }},
+	{"the instance back in the first file", func(is []intent) []intent {
+		return []intent{{file: "prefetcher.yaml", namespace: "prefetch", name: "web", images: []string{"registry.k8s.io/pause:3.10"},
+			nodeLabel: true, admission: true, localConfig: true}, is[0]}
+	}},
+}
+
+// TestKptInPlace renders a package in place with the real kpt through a
+// sequence of edits, as a kpt user keeps a package in Git: after each
+// render the package holds exactly the intents, the unrelated file and what
+// the current intents render, and a second render changes no byte. The
+// same sequence through kpt fn source | kpt fn eval | kpt fn sink gives
+// the same package, byte for byte.
+func TestKptInPlace(t *testing.T) {
+	tl := findTools(t)
+	for _, configPath := range []bool{false, true} {
+		t.Run(fmt.Sprintf("configPath=%t", configPath), func(t *testing.T) {
+			render := filepath.Join(t.TempDir(), "render")
+			evalDir := filepath.Join(t.TempDir(), "eval")
+			for _, d := range []string{render, evalDir} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var prev inplacePackage
+			var intents []intent
+			for _, step := range inplaceSteps {
+				intents = step.edit(slices.Clone(intents))
+				pkg := inplacePackage{configPath: configPath, intents: intents}
+				ok := t.Run(step.name, func(t *testing.T) {
+					pkg.write(t, render, prev)
+					tl.run(t, render, tl.env(), "kpt", "fn", "render", "--allow-exec", render)
+					pkg.check(t, render)
+					once := readTree(t, render, nil)
+					tl.run(t, render, tl.env(), "kpt", "fn", "render", "--allow-exec", render)
+					twice := readTree(t, render, nil)
+					for name, b := range once {
+						if !bytes.Equal(twice[name], b) {
+							t.Errorf("a second render changed %s:\n%s", name, lineDiff(b, twice[name]))
+						}
+					}
+					if len(twice) != len(once) {
+						t.Errorf("a second render changed the files: %v", slices.Sorted(mapKeys(twice)))
+					}
+
+					// The same edit, then source | eval | sink into a new
+					// directory that replaces the package.
+					pkg.write(t, evalDir, prev)
+					sunk := evalDir + ".new"
+					tl.run(t, filepath.Dir(evalDir), tl.env(), "bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+						fmt.Sprintf("kpt fn source %q | kpt fn eval - --exec image-prefetcher-fn | kpt fn sink %q", evalDir, sunk))
+					if err := os.RemoveAll(evalDir); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Rename(sunk, evalDir); err != nil {
+						t.Fatal(err)
+					}
+					evaluated := readTree(t, evalDir, nil)
+					for name, b := range twice {
+						if !bytes.Equal(evaluated[name], b) {
+							t.Errorf("source | eval | sink: %s differs from the render:\n%s", name, lineDiff(b, evaluated[name]))
+						}
+					}
+					if len(evaluated) != len(twice) {
+						t.Errorf("source | eval | sink: files %v, render: %v", slices.Sorted(mapKeys(evaluated)), slices.Sorted(mapKeys(twice)))
+					}
+				})
+				if !ok {
+					t.FailNow() // later steps build on this one
+				}
+				prev = pkg
+			}
+		})
+	}
+}
