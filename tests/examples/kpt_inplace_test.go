@@ -2,15 +2,19 @@ package examples_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // intent is one ImagePrefetcher of the package, as the user writes it.
@@ -334,4 +338,113 @@ func TestKptInPlace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runOutput runs argv and returns its stdout and stderr, and whether it
+// exited 0: kpt reports a function's results on stderr.
+func runOutput(t *testing.T, dir string, env []string, argv ...string) (string, string, bool) {
+	t.Helper()
+	prog, err := lookPathIn(argv[0], env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, prog, argv[1:]...)
+	cmd.Dir, cmd.Env = dir, env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("%s: %v", strings.Join(argv, " "), err)
+	}
+	return stdout.String(), stderr.String(), err == nil
+}
+
+// TestKptInPlaceEdges: what a kpt user meets besides editing the intent.
+func TestKptInPlaceEdges(t *testing.T) {
+	tl := findTools(t)
+	web := intent{file: "prefetcher.yaml", namespace: "prefetch", name: "web", images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true, localConfig: true}
+	newPackage := func(t *testing.T, configPath bool) string {
+		dir := filepath.Join(t.TempDir(), "pkg")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		inplacePackage{configPath: configPath, intents: []intent{web}}.write(t, dir, inplacePackage{})
+		return dir
+	}
+
+	// kpt shows a function's results itself: a warning printed on stderr
+	// too would show twice.
+	t.Run("a warning is shown once", func(t *testing.T) {
+		dir := newPackage(t, false)
+		w := web
+		w.admission = false
+		inplacePackage{intents: []intent{w}}.write(t, dir, inplacePackage{})
+		_, stderr, ok := runOutput(t, dir, tl.env(), "kpt", "fn", "render", "--allow-exec", dir)
+		if !ok {
+			t.Fatalf("kpt fn render failed:\n%s", stderr)
+		}
+		const warning = "spec.admissionPolicy: is false"
+		if n := strings.Count(stderr, warning); n != 1 {
+			t.Errorf("kpt shows the warning %d times, want once:\n%s", n, stderr)
+		}
+	})
+
+	// The function's output file is image-prefetcher.<namespace>.<name>.yaml.
+	// A file of the user's with that name is neither overwritten nor the
+	// cause of kpt's "index already exists".
+	t.Run("a user file with the output file's name", func(t *testing.T) {
+		dir := newPackage(t, true)
+		const mine = "# mine\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: mine\n  namespace: prefetch\n"
+		if err := os.WriteFile(filepath.Join(dir, web.outputFile()), []byte(mine), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before := readTree(t, dir, nil)
+		_, stderr, ok := runOutput(t, dir, tl.env(), "kpt", "fn", "render", "--allow-exec", dir)
+		if ok {
+			t.Fatalf("kpt fn render succeeded:\n%s", stderr)
+		}
+		for _, want := range []string{`"image-prefetcher.prefetch.web.yaml"`, "image-prefetcher-fn writes", "ConfigMap prefetch/mine"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("kpt's output does not say %s:\n%s", want, stderr)
+			}
+		}
+		if strings.Contains(stderr, "already exists") {
+			t.Errorf("kpt failed on its own index check, not the function's:\n%s", stderr)
+		}
+		after := readTree(t, dir, nil)
+		if len(after) != len(before) || !bytes.Equal(after[web.outputFile()], before[web.outputFile()]) {
+			t.Errorf("a failed render changed the package: %v", slices.Sorted(mapKeys(after)))
+		}
+	})
+
+	// kpt fn eval --fn-config F expands the ImagePrefetcher in F and no
+	// other: the package's own intent and what it renders are not touched.
+	t.Run("eval --fn-config", func(t *testing.T) {
+		dir := newPackage(t, false)
+		tl.run(t, dir, tl.env(), "kpt", "fn", "render", "--allow-exec", dir)
+		// An edit of the package's intent that eval must not render.
+		edited := web
+		edited.images = append(edited.images, "docker.io/library/debian:bookworm")
+		inplacePackage{intents: []intent{edited}}.write(t, dir, inplacePackage{})
+		rendered := readTree(t, dir, nil)
+		other := intent{file: "elsewhere.yaml", namespace: "prefetch", name: "other", images: []string{"docker.io/library/busybox:1.37"}, nodeLabel: true, admission: true}
+		config := filepath.Join(t.TempDir(), other.file)
+		if err := os.WriteFile(config, []byte(other.yaml()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tl.run(t, dir, tl.env(), "kpt", "fn", "eval", dir, "--exec", "image-prefetcher-fn", "--fn-config", config)
+		after := readTree(t, dir, nil)
+		for name, b := range rendered {
+			if !bytes.Equal(after[name], b) {
+				t.Errorf("eval --fn-config changed %s:\n%s", name, lineDiff(b, after[name]))
+			}
+		}
+		got := decodeObjects(t, after["image-prefetcher.prefetch.other.yaml"])
+		if len(got) != len(other.objects()) || len(after) != len(rendered)+1 {
+			t.Errorf("eval --fn-config: files %v, %d objects for prefetch/other, want %d", slices.Sorted(mapKeys(after)), len(got), len(other.objects()))
+		}
+	})
 }
