@@ -88,8 +88,13 @@ func pathOf(n *yaml.RNode) string {
 // kpt live apply and kustomize honour; the function adds the mark when it
 // is missing and says so.
 func keepIntent(ip *yaml.RNode) (*yaml.RNode, *fn.Result) {
-	if _, set := ip.GetAnnotations()[localConfig]; set {
-		return ip, nil
+	if v, set := ip.GetAnnotations()[localConfig]; set {
+		if v == "true" {
+			return ip, nil
+		}
+		return ip, &fn.Result{Severity: fn.Warning,
+			Message:     fmt.Sprintf(`is %q: the ImagePrefetcher stays in the package as its intent, and kpt live apply would send it to a cluster that has no such API; set it to "true"`, v),
+			ResourceRef: refOf(ip), File: fileOf(ip), Field: &fn.Field{Path: "metadata.annotations." + localConfig}}
 	}
 	// A copy: the pass-through copies an unchanged item's input bytes, and
 	// this one changes.

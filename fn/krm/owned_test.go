@@ -127,7 +127,8 @@ func TestOwnership(t *testing.T) {
 		// wantError is in the message of an error result; the items are
 		// then the input's.
 		wantError string
-		wantInfo  string
+		// wantInfo is the message of an info or warning result.
+		wantInfo string
 		// images maps a ConfigMap's name to a reference its list must hold.
 		images map[string]string
 	}{
@@ -190,6 +191,12 @@ func TestOwnership(t *testing.T) {
 			want:    append([]string{"ImagePrefetcher prefetch/web @ p.yaml"}, objectsOf("prefetch", "web", "image-prefetcher.prefetch.web.yaml")...),
 		},
 		{
+			name:     "kpt: an intent marked local-config \"false\" stays as it is, with a warning",
+			earlier:  resourceList(strings.Replace(kptWeb, `local-config: "true"`, `local-config: "false"`, 1), ""),
+			want:     append([]string{"ImagePrefetcher prefetch/web @ p.yaml"}, objectsOf("prefetch", "web", "image-prefetcher.prefetch.web.yaml")...),
+			wantInfo: `is "false": the ImagePrefetcher stays in the package as its intent, and kpt live apply would send it to a cluster that has no such API; set it to "true"`,
+		},
+		{
 			// kustomize layering: a lower kustomization rendered "a" and
 			// consumed its ImagePrefetcher; an upper one renders "b".
 			name:    "kustomize: objects of an instance rendered below are neither pruned nor rendered again",
@@ -235,7 +242,7 @@ func TestOwnership(t *testing.T) {
 			if tc.wantInfo != "" {
 				found := false
 				for _, r := range results {
-					found = found || r.Severity == fn.Info && r.Message == tc.wantInfo
+					found = found || r.Severity != fn.Error && r.Message == tc.wantInfo
 				}
 				if !found {
 					t.Errorf("no info result %q in %v", tc.wantInfo, results)
@@ -244,7 +251,7 @@ func TestOwnership(t *testing.T) {
 			// Every intent that stays is local-config.
 			rl, _ := fn.ParseResourceList(out)
 			for _, it := range rl.Items {
-				if it.GetKind() == "ImagePrefetcher" && it.GetAnnotation(localConfig) != "true" {
+				if it.GetKind() == "ImagePrefetcher" && it.GetAnnotation(localConfig) == "" {
 					t.Errorf("ImagePrefetcher %s kept without local-config", it.GetName())
 				}
 				if want, ok := tc.images[it.GetName()]; ok && it.GetKind() == "ConfigMap" {
