@@ -19,10 +19,10 @@ import (
 const (
 	kptRenderInPlace = "kpt fn render --allow-exec exec\n"
 	kptRenderExec    = "kpt fn render --allow-exec exec -o rendered"
-	kptRenderImage = "KPT_FN_RUNTIME=podman kpt fn render image -o rendered"
-	kptSourceSink  = "kpt fn source exec | kpt fn eval - --exec image-prefetcher-fn | kpt fn sink rendered"
-	kptReadme      = "examples/kpt/README.md"
-	kptGolden      = "examples/kpt/expected"
+	kptRenderImage   = "KPT_FN_RUNTIME=podman kpt fn render image -o rendered"
+	kptSourceSink    = "kpt fn source exec | kpt fn eval - --exec image-prefetcher-fn | kpt fn sink rendered"
+	kptReadme        = "examples/kpt/README.md"
+	kptGolden        = "examples/kpt/expected"
 )
 
 func testKpt(t *testing.T, tl tools, api *apiServer) {
