@@ -175,6 +175,11 @@ func TestOwnership(t *testing.T) {
 			wantError: `image-prefetcher-fn writes what this instance renders to "image-prefetcher.prefetch.web.yaml", but that file holds ConfigMap prefetch/mine, which the function did not render`,
 		},
 		{
+			name:      "kpt: an intent in the file named for its output",
+			earlier:   resourceList(kptIP("prefetch", "web", "image-prefetcher.prefetch.web.yaml", ""), ""),
+			wantError: `image-prefetcher-fn writes what this instance renders to "image-prefetcher.prefetch.web.yaml", but that file holds ImagePrefetcher prefetch/web, which the function did not render`,
+		},
+		{
 			// Output of a release before the mark: the function's labels
 			// in the file named for the instance.
 			name:    "kpt: unmarked objects of an earlier release in the instance's file",

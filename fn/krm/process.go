@@ -243,12 +243,10 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 	removed := map[instance][]string{}
 	dropped := make([]bool, len(out))
 	for i, it := range out {
-		if isPrefetcher(it) {
-			continue
-		}
 		owner, owned := ownerOf(it)
 		e, clash := rendered[idOf(it)]
 		switch {
+		case isPrefetcher(it):
 		case owned && (scope[owner] != nil || kpt && !present[owner]):
 			dropped[i] = true
 			if !clash {
