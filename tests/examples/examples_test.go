@@ -66,6 +66,7 @@ func TestExamples(t *testing.T) {
 
 	t.Run("kpt", func(t *testing.T) { testKpt(t, tl, api) })
 	t.Run("kpt-examples", func(t *testing.T) { testKptExamples(t, tl, api) })
+	t.Run("kpt-live-apply", func(t *testing.T) { testKptLiveApply(t, tl, api) })
 	t.Run("argocd", func(t *testing.T) { testArgoCD(t, tl, api) })
 	t.Run("flux", func(t *testing.T) { testFlux(t, tl, api) })
 	t.Run("scc-namereference", func(t *testing.T) { testSCCNameReferenceWithClusterSchema(t, tl, api) })

@@ -15,6 +15,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // intent is one ImagePrefetcher of the package, as the user writes it.
@@ -447,4 +450,94 @@ func TestKptInPlaceEdges(t *testing.T) {
 			t.Errorf("eval --fn-config: files %v, %d objects for prefetch/other, want %d", slices.Sorted(mapKeys(after)), len(got), len(other.objects()))
 		}
 	})
+}
+
+// testKptLiveApply runs the workflow examples/kpt/README.md shows first on
+// a real kube-apiserver: render in place, kpt live apply; edit, render,
+// apply again. kpt live apply deploys exactly what the package holds
+// besides local-config, so the cluster then holds exactly what the current
+// intent renders: the renamed instance's old objects and the admission
+// policy turned off are pruned from it.
+func testKptLiveApply(t *testing.T, tl tools, api *apiServer) {
+	kpt := func(t *testing.T, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := api.c.Command(ctx, tl.kpt, args...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kpt %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	dir := filepath.Join(t.TempDir(), "pkg")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kpt(t, "live", "install-resource-group")
+	web := intent{file: "prefetcher.yaml", namespace: "prefetch", name: "web", images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true, localConfig: true}
+	var prev inplacePackage
+	for i, step := range []func(intent) intent{
+		func(i intent) intent { return i },
+		func(i intent) intent { i.name = "web2"; return i },
+		func(i intent) intent { i.admission = false; return i },
+	} {
+		web = step(web)
+		pkg := inplacePackage{intents: []intent{web}}
+		pkg.write(t, dir, prev)
+		prev = pkg
+		tl.run(t, dir, tl.env(), "kpt", "fn", "render", "--allow-exec", dir)
+		if i == 0 {
+			kpt(t, "live", "init", dir)
+		}
+		liveApply(t, api, tl, dir)
+		// What the cluster holds of the function's objects.
+		var got []string
+		for _, gvr := range []schema.GroupVersionResource{
+			{Version: "v1", Resource: "serviceaccounts"}, {Version: "v1", Resource: "configmaps"},
+			{Group: "apps", Version: "v1", Resource: "daemonsets"},
+			{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"}, {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
+			{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"},
+			{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicies"},
+			{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicybindings"},
+		} {
+			list, err := api.dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=image-prefetcher-fn"})
+			if err != nil {
+				t.Fatalf("list %s: %v", gvr.Resource, err)
+			}
+			for _, o := range list.Items {
+				key := o.GetKind() + " " + o.GetName()
+				if o.GetNamespace() != "" {
+					key = o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+				}
+				got = append(got, key)
+			}
+		}
+		slices.Sort(got)
+		if want := web.objects(); !slices.Equal(got, want) {
+			t.Errorf("step %d: the cluster holds\n  %s\nwant\n  %s", i, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+	}
+}
+
+// liveApply runs kpt live apply. This control plane has no controllers, so
+// a DaemonSet never reports its rollout and kpt gives up waiting for it
+// (exit 3, "reconcile timeout"); everything else must apply, prune and
+// reconcile.
+func liveApply(t *testing.T, api *apiServer, tl tools, dir string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := api.c.Command(ctx, tl.kpt, "live", "apply", "--reconcile-timeout=2s", dir).CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 3) {
+		t.Fatalf("kpt live apply: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		switch {
+		case strings.Contains(line, "reconcile timeout") && !strings.HasPrefix(line, "daemonset.apps/"),
+			strings.Contains(line, " failed") && !strings.Contains(line, " 0 failed"):
+			t.Errorf("kpt live apply: %s\n%s", line, out)
+		}
+	}
 }
