@@ -284,6 +284,7 @@ func TestKptInPlace(t *testing.T) {
 	tl := findTools(t)
 	for _, configPath := range []bool{false, true} {
 		t.Run(fmt.Sprintf("configPath=%t", configPath), func(t *testing.T) {
+			t.Parallel() // two independent packages: one kpt each at a time
 			render := filepath.Join(t.TempDir(), "render")
 			evalDir := filepath.Join(t.TempDir(), "eval")
 			for _, d := range []string{render, evalDir} {
