@@ -12,7 +12,7 @@ import (
 
 // kptIP is an ImagePrefetcher item as kpt passes it: with its file and
 // kpt's seqindent mark.
-func kptIP(ns, name, file string, extra string) string {
+func kptIP(ns, name, file string) string {
 	return fmt.Sprintf(`- apiVersion: image-prefetcher.stackrox.io/v1alpha1
   kind: ImagePrefetcher
   metadata:
@@ -25,7 +25,7 @@ func kptIP(ns, name, file string, extra string) string {
       internal.config.kubernetes.io/seqindent: 'compact'
   spec:
     images: [debian:bookworm]
-%s`, name, ns, file, extra)
+`, name, ns, file)
 }
 
 // kustomizeIP is an ImagePrefetcher item as kustomize passes it to a
@@ -115,7 +115,7 @@ func objectsOf(ns, name, file string) []string {
 }
 
 func TestOwnership(t *testing.T) {
-	kptWeb := kptIP("prefetch", "web", "p.yaml", "")
+	kptWeb := kptIP("prefetch", "web", "p.yaml")
 	cases := []struct {
 		name string
 		// earlier is the input of a first run; its output, with edit
@@ -161,8 +161,8 @@ func TestOwnership(t *testing.T) {
 		},
 		{
 			name:    "kpt configPath: another instance's intent and objects are not this step's",
-			earlier: resourceList(kptWeb+kptIP("prefetch", "api", "api.yaml", ""), ""),
-			fc:      "  " + strings.TrimPrefix(strings.Replace(kptIP("prefetch", "web", "p.yaml", ""), "debian:bookworm", "busybox", 1), "- "),
+			earlier: resourceList(kptWeb+kptIP("prefetch", "api", "api.yaml"), ""),
+			fc:      "  " + strings.TrimPrefix(strings.Replace(kptIP("prefetch", "web", "p.yaml"), "debian:bookworm", "busybox", 1), "- "),
 			edit:    func(s string) string { return strings.ReplaceAll(s, "images: [debian:bookworm]", "images: [busybox]") },
 			// web's new list; api keeps what it rendered before its edit.
 			images: map[string]string{"image-prefetcher-web": "busybox", "image-prefetcher-api": "debian:bookworm"},
@@ -176,7 +176,7 @@ func TestOwnership(t *testing.T) {
 		},
 		{
 			name:      "kpt: an intent in the file named for its output",
-			earlier:   resourceList(kptIP("prefetch", "web", "image-prefetcher.prefetch.web.yaml", ""), ""),
+			earlier:   resourceList(kptIP("prefetch", "web", "image-prefetcher.prefetch.web.yaml"), ""),
 			wantError: `image-prefetcher-fn writes what this instance renders to "image-prefetcher.prefetch.web.yaml", but that file holds ImagePrefetcher prefetch/web, which the function did not render`,
 		},
 		{
