@@ -114,6 +114,9 @@ func (c Config) Hash() string {
 
 // ImageListText is the content of the rendered images.txt.
 func (c Config) ImageListText() string {
+	if c.sections != nil {
+		return sectionText(c.sections)
+	}
 	return strings.Join(c.Images, "\n") + "\n"
 }
 

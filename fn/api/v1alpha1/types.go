@@ -48,6 +48,25 @@ type Spec struct {
 // ImageListSource names where more images come from.
 type ImageListSource struct {
 	ConfigMapRef *ConfigMapKeyRef `json:"configMapRef,omitempty"`
+	// Workloads selects workloads of the same ResourceList whose pod
+	// templates' images join the list. An object is selected when any
+	// entry matches it; an empty entry ({}) matches every workload.
+	Workloads []WorkloadSelector `json:"workloads,omitempty"`
+}
+
+// WorkloadSelector has the fields and the meaning of a kustomize selector
+// (patches[].target, replacements): group, version, kind, name and
+// namespace are anchored regular expressions, labelSelector and
+// annotationSelector are label-selector expressions. Unset fields match
+// anything.
+type WorkloadSelector struct {
+	Group              string `json:"group,omitempty"`
+	Version            string `json:"version,omitempty"`
+	Kind               string `json:"kind,omitempty"`
+	Name               string `json:"name,omitempty"`
+	Namespace          string `json:"namespace,omitempty"`
+	LabelSelector      string `json:"labelSelector,omitempty"`
+	AnnotationSelector string `json:"annotationSelector,omitempty"`
 }
 
 // ConfigMapKeyRef points at one key of a ConfigMap in the same ResourceList
