@@ -234,10 +234,10 @@ func compile(s v1alpha1.WorkloadSelector) (*types.SelectorRegex, []SelectorError
 	}
 	probe := yaml.NewMapRNode(nil)
 	if _, err := probe.MatchesLabelSelector(s.LabelSelector); err != nil {
-		errs = append(errs, SelectorError{Field: "labelSelector", Err: err})
+		errs = append(errs, SelectorError{Field: "labelSelector", Err: fmt.Errorf("%q is not a label selector: %w", s.LabelSelector, err)})
 	}
 	if _, err := probe.MatchesAnnotationSelector(s.AnnotationSelector); err != nil {
-		errs = append(errs, SelectorError{Field: "annotationSelector", Err: err})
+		errs = append(errs, SelectorError{Field: "annotationSelector", Err: fmt.Errorf("%q is not a label selector: %w", s.AnnotationSelector, err)})
 	}
 	sr, err := types.NewSelectorRegex(ks)
 	if err != nil {
