@@ -174,4 +174,3 @@ func TestCollectRejectsBadSelectors(t *testing.T) {
 		t.Errorf("errors on %q, want %q", fields, want)
 	}
 }
-
