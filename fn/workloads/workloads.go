@@ -10,7 +10,9 @@
 package workloads
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/types"
@@ -61,10 +63,15 @@ type Skipped struct {
 
 // Collection is what the selectors found.
 type Collection struct {
-	// Images in ResourceList order, and within a workload in the order of
-	// its pod spec: init containers, containers, image volumes.
+	// Images by workload, in the order of Workloads, and within a workload
+	// in the order of its pod spec: init containers, containers, image
+	// volumes.
 	Images []Image
-	// Workloads lists every selected workload once, in ResourceList order.
+	// Workloads lists every selected workload once, ordered by namespace,
+	// kind, name and apiVersion, not by their place in the ResourceList:
+	// kustomize and kpt order objects differently, and reordering a
+	// kustomization's resources must not change the list (and roll the
+	// DaemonSet).
 	Workloads []Ref
 	// Unmatched holds the index of every selector that matched no workload.
 	Unmatched []int
@@ -112,8 +119,7 @@ func Collect(items []*yaml.RNode, selectors []v1alpha1.WorkloadSelector) Collect
 	}
 	matched := make([]bool, len(selectors))
 	for _, it := range items {
-		spec, prefix := podSpec(it)
-		if spec == nil || it.GetLabels()[managedByLabel] == managedBy || it.GetAnnotations()[localConfig] == "true" {
+		if spec, _ := podSpec(it); spec == nil || it.GetLabels()[managedByLabel] == managedBy || it.GetAnnotations()[localConfig] == "true" {
 			continue
 		}
 		selected := false
@@ -131,6 +137,12 @@ func Collect(items []*yaml.RNode, selectors []v1alpha1.WorkloadSelector) Collect
 		}
 		c.nodes[ref] = it
 		c.Workloads = append(c.Workloads, ref)
+	}
+	slices.SortFunc(c.Workloads, func(a, b Ref) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Name, b.Name), cmp.Compare(a.APIVersion, b.APIVersion))
+	})
+	for _, ref := range c.Workloads {
+		spec, prefix := podSpec(c.nodes[ref])
 		c.collect(ref, spec, prefix)
 	}
 	for i, m := range matched {

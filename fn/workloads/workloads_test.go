@@ -83,11 +83,11 @@ func TestCollectSelects(t *testing.T) {
 		want      []string // workloads
 		unmatched []int
 	}{
-		{name: "empty selector: every workload, not local-config or rendered ones", selectors: []v1alpha1.WorkloadSelector{{}}, want: []string{"Deployment dev/dev-web", "CronJob report"}},
+		{name: "empty selector: every workload, not local-config or rendered ones", selectors: []v1alpha1.WorkloadSelector{{}}, want: []string{"CronJob report", "Deployment dev/dev-web"}},
 		{name: "original name after namePrefix", selectors: []v1alpha1.WorkloadSelector{{Name: "web"}}, want: []string{"Deployment dev/dev-web"}},
 		{name: "current name", selectors: []v1alpha1.WorkloadSelector{{Name: "dev-web"}}, want: []string{"Deployment dev/dev-web"}},
 		{name: "name is anchored", selectors: []v1alpha1.WorkloadSelector{{Name: "we"}}, unmatched: []int{0}},
-		{name: "no namespace is default", selectors: []v1alpha1.WorkloadSelector{{Namespace: "default"}}, want: []string{"Deployment dev/dev-web", "CronJob report"}},
+		{name: "no namespace is default", selectors: []v1alpha1.WorkloadSelector{{Namespace: "default"}}, want: []string{"CronJob report", "Deployment dev/dev-web"}},
 		{name: "kind regex", selectors: []v1alpha1.WorkloadSelector{{Kind: "Cron.*|Pod"}}, want: []string{"CronJob report"}},
 		{name: "group and version", selectors: []v1alpha1.WorkloadSelector{{Group: "apps", Version: "v1"}}, want: []string{"Deployment dev/dev-web"}},
 		{name: "core group is empty", selectors: []v1alpha1.WorkloadSelector{{Group: "batch"}, {Kind: "Pod"}}, want: []string{"CronJob report"}, unmatched: []int{1}},
@@ -172,5 +172,21 @@ func TestCollectRejectsBadSelectors(t *testing.T) {
 	}
 	if want := []string{"labelSelector", "annotationSelector", "kind"}; !slices.Equal(fields, want) {
 		t.Errorf("errors on %q, want %q", fields, want)
+	}
+}
+
+// kpt orders a package's objects by file, kustomize by its resources list:
+// the same workloads in another order give the same images.
+func TestCollectOrderIsIndependentOfTheResourceList(t *testing.T) {
+	items, err := kio.FromBytes([]byte(objects))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reversed := slices.Clone(items)
+	slices.Reverse(reversed)
+	a := Collect(items, []v1alpha1.WorkloadSelector{{}})
+	b := Collect(reversed, []v1alpha1.WorkloadSelector{{}})
+	if !slices.Equal(a.Images, b.Images) || len(a.Images) != 2 {
+		t.Errorf("images depend on the order of the items:\n%v\n%v", a.Images, b.Images)
 	}
 }
