@@ -142,7 +142,7 @@ var kptCases = []kptCase{
 		kustomizeOnly: []string{
 			"images: shop-web and shop-report at 1.5.0 (kpt has no builtin images transformer: the package deploys, and the function prefetches, the 1.4.0 written in the files)",
 		},
-		golden:   "examples/workloads/expected-kpt.yaml",
+		golden: "examples/workloads/expected-kpt.yaml",
 		// The tags, and so the DaemonSet's config hash, are what differs.
 		sameUpTo: func(s string) string {
 			return configHash.ReplaceAllString(strings.ReplaceAll(s, ":1.5.0", ":1.4.0"), "$1<hash>")
