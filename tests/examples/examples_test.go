@@ -69,6 +69,8 @@ func TestExamples(t *testing.T) {
 	t.Run("kpt-examples", func(t *testing.T) { testKptExamples(t, tl, api) })
 	t.Run("argocd", func(t *testing.T) { testArgoCD(t, tl, api) })
 	t.Run("flux", func(t *testing.T) { testFlux(t, tl, api) })
+	t.Run("argocd-staged", func(t *testing.T) { testArgoCDStaged(t, tl, api) })
+	t.Run("flux-staged", func(t *testing.T) { testFluxStaged(t, tl, api) })
 	t.Run("scc-namereference", func(t *testing.T) { testSCCNameReferenceWithClusterSchema(t, tl, api) })
 	t.Run("pod-security", func(t *testing.T) { testPodSecurity(t, tl, api) })
 	t.Run("docs-own-overlay", func(t *testing.T) { testDocsOwnOverlay(t, tl, api) })
