@@ -298,6 +298,9 @@ func (c Config) flags(subcommand string) []string {
 	if subcommand == "watch" {
 		f = append(f, "--refresh-interval="+c.RefreshInterval.String())
 	}
+	if subcommand == "fetch" && c.RequireAllImages {
+		f = append(f, "--fail-on-error")
+	}
 	return f
 }
 

@@ -58,6 +58,7 @@ type Config struct {
 	MaxConcurrentNodes int32                        `json:"maxConcurrentNodes"`
 	SeedNodes          int32                        `json:"seedNodes,omitempty"`
 	MaxUnavailable     intstr.IntOrString           `json:"maxUnavailable"`
+	RequireAllImages   bool                         `json:"requireAllImages,omitempty"`
 	NodeLabel          bool                         `json:"nodeLabel"`
 	RefreshInterval    time.Duration                `json:"refreshInterval"`
 	AdmissionPolicy    bool                         `json:"admissionPolicy"`
@@ -314,6 +315,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 		c.ExtraLabels[k] = ip.Metadata.Labels[k]
 	}
 
+	c.RequireAllImages = s.Rollout.RequireAllImages != nil && *s.Rollout.RequireAllImages
 	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled
 	c.AdmissionPolicy = s.AdmissionPolicy == nil || *s.AdmissionPolicy
 	if c.NodeLabel && !c.AdmissionPolicy {

@@ -218,6 +218,8 @@ spec:
   imageListFrom:
     workloads:
     - namespace: %s
+  rollout:
+    requireAllImages: true
 `, shopPrefetcher, shopPrefetcherNS, agentRef, shopNamespace),
 		"function.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap

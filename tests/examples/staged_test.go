@@ -45,6 +45,27 @@ func listImages(t *testing.T, objs []*unstructured.Unstructured) []string {
 	return nil
 }
 
+// assertGated checks that the rendered DaemonSet's pods become ready only
+// with every image present: the fetch init container fails otherwise.
+func assertGated(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() != "DaemonSet" || o.GetLabels()[managedByLabel] != managedByFn {
+			continue
+		}
+		inits, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "initContainers")
+		for _, c := range inits {
+			args, _, _ := unstructured.NestedStringSlice(c.(map[string]any), "args")
+			if len(args) > 0 && args[0] == "fetch" && slices.Contains(args, "--fail-on-error") {
+				return
+			}
+		}
+		t.Errorf("DaemonSet %s: the fetch init container does not fail until every image is present (spec.rollout.requireAllImages)", o.GetName())
+		return
+	}
+	t.Error("no rendered DaemonSet")
+}
+
 // wantShopList is the list both staged examples render: the Deployment's
 // tag after the kustomization's images: override, and the StatefulSet's.
 var wantShopList = []string{"ghcr.io/example/shop-web:1.5.0", "docker.io/library/redis:7.4"}
@@ -74,6 +95,7 @@ func testArgoCDStaged(t *testing.T, tl tools, api *apiServer) {
 	if got := listImages(t, objs); !slices.Equal(got, wantShopList) {
 		t.Errorf("rendered list %q, want %q", got, wantShopList)
 	}
+	assertGated(t, objs)
 	for _, o := range objs {
 		wave := o.GetAnnotations()[syncWave]
 		switch {
@@ -160,6 +182,7 @@ func testFluxStaged(t *testing.T, tl tools, api *apiServer) {
 	if got := listImages(t, prefetch); !slices.Equal(got, wantShopList) {
 		t.Errorf("rendered list %q, want %q", got, wantShopList)
 	}
+	assertGated(t, prefetch)
 	kinds := map[string]bool{}
 	for _, o := range prefetch {
 		kinds[o.GetKind()] = true

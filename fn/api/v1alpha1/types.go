@@ -131,6 +131,12 @@ type Pull struct {
 // Rollout tunes how the DaemonSet rolls when the list or settings change.
 type Rollout struct {
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// RequireAllImages makes a pod of the DaemonSet ready only once every
+	// image of the list is on its node: the fetch init container exits with
+	// an error when one failed, and the kubelet retries it with back-off.
+	// A staged rollout (docs/staged-rollouts.md) then waits for the images,
+	// not only for the attempt.
+	RequireAllImages *bool `json:"requireAllImages,omitempty"`
 }
 
 // NodeLabel controls the per-instance node label and annotation.
