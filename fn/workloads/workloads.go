@@ -161,18 +161,35 @@ func Collect(items []*yaml.RNode, selectors []v1alpha1.WorkloadSelector) Collect
 // "template" field is not mistaken for one.
 func podSpec(n *yaml.RNode) (*yaml.RNode, string) {
 	if n.GetKind() == "Pod" && n.GetApiVersion() == "v1" {
-		if s := n.Field("spec"); s != nil && hasContainers(s.Value) {
-			return s.Value, "spec"
+		if s := field(n, "spec"); s != nil && hasContainers(s) {
+			return s, "spec"
 		}
 		return nil, ""
 	}
-	for _, p := range [][]string{{"spec", "template", "spec"}, {"spec", "jobTemplate", "spec", "template", "spec"}} {
-		s, err := n.Pipe(yaml.Lookup(p...))
-		if err == nil && s != nil && hasContainers(s) {
+	for _, p := range templatePaths {
+		if s := field(n, p...); s != nil && hasContainers(s) {
 			return s, strings.Join(p, ".")
 		}
 	}
 	return nil, ""
+}
+
+var templatePaths = [][]string{{"spec", "template", "spec"}, {"spec", "jobTemplate", "spec", "template", "spec"}}
+
+// field walks mapping keys; cheaper than yaml.Lookup, which also parses
+// list selectors.
+func field(n *yaml.RNode, path ...string) *yaml.RNode {
+	for _, k := range path {
+		if n.YNode().Kind != yaml.MappingNode {
+			return nil
+		}
+		f := n.Field(k)
+		if f == nil {
+			return nil
+		}
+		n = f.Value
+	}
+	return n
 }
 
 func hasContainers(spec *yaml.RNode) bool {
