@@ -59,6 +59,24 @@ func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources
 		p = append(p, Problem{Severity: Warning, Path: sk.Path, Object: ref(sk.Workload), Message: "has no image, so nothing is prefetched for it (" + by + ")"})
 	}
 
+	have := map[string]bool{}
+	for _, n := range s.ImagePullSecrets {
+		have[n] = true
+	}
+	for _, ps := range col.PullSecrets {
+		var missing []string
+		for _, n := range ps.Names {
+			if !have[n] {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) > 0 {
+			p = append(p, Problem{Severity: Warning, Path: ps.Path, Object: ref(ps.Workload), Message: fmt.Sprintf(
+				"the kubelet pulls with Secret %s, the agent does not: if its images need credentials, put a kubernetes.io/dockerconfigjson Secret in namespace %s and list it in spec.imagePullSecrets of ImagePrefetcher %s/%s, or they fail as Unauthorized (%s)",
+				strings.Join(missing, ", "), c.Namespace, c.Namespace, c.Name, by)})
+		}
+	}
+
 	// The agent's image is on every node the DaemonSet runs on before the
 	// agent can pull anything: a workload using it (the agent's own
 	// DaemonSet rendered by another instance, a debug pod) adds nothing.

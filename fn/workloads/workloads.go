@@ -61,6 +61,14 @@ type Skipped struct {
 	Path     string
 }
 
+// PullSecrets are the imagePullSecrets of a selected pod template: the
+// kubelet uses them for the workload, the agent does not have them.
+type PullSecrets struct {
+	Workload Ref
+	Path     string
+	Names    []string
+}
+
 // Collection is what the selectors found.
 type Collection struct {
 	// Images by workload, in the order of Workloads, and within a workload
@@ -75,8 +83,9 @@ type Collection struct {
 	Workloads []Ref
 	// Unmatched holds the index of every selector that matched no workload.
 	Unmatched []int
-	Errors    []SelectorError
-	Skipped   []Skipped
+	Errors      []SelectorError
+	Skipped     []Skipped
+	PullSecrets []PullSecrets
 
 	nodes map[Ref]*yaml.RNode
 }
@@ -204,6 +213,20 @@ func hasContainers(spec *yaml.RNode) bool {
 // out: they are added to running pods for debugging, never started from
 // the template.
 func (c *Collection) collect(ref Ref, spec *yaml.RNode, prefix string) {
+	if f := spec.Field("imagePullSecrets"); f != nil && f.Value.YNode().Kind == yaml.SequenceNode {
+		var names []string
+		for _, s := range f.Value.Content() {
+			if s.Kind != yaml.MappingNode {
+				continue
+			}
+			if n := yaml.NewRNode(s).Field("name"); n != nil && n.Value.YNode().Kind == yaml.ScalarNode && n.Value.YNode().Value != "" {
+				names = append(names, n.Value.YNode().Value)
+			}
+		}
+		if len(names) > 0 {
+			c.PullSecrets = append(c.PullSecrets, PullSecrets{Workload: ref, Path: prefix + ".imagePullSecrets", Names: names})
+		}
+	}
 	for _, list := range []string{"initContainers", "containers"} {
 		f := spec.Field(list)
 		if f == nil || f.Value.YNode().Kind != yaml.SequenceNode {
