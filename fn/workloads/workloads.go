@@ -82,7 +82,7 @@ type Collection struct {
 	// DaemonSet).
 	Workloads []Ref
 	// Unmatched holds the index of every selector that matched no workload.
-	Unmatched []int
+	Unmatched   []int
 	Errors      []SelectorError
 	Skipped     []Skipped
 	PullSecrets []PullSecrets
