@@ -126,7 +126,9 @@ spec:
 //
 // Every pod of the release then starts without one blob request to the
 // registry for its image, and its kubelet events say the image was already
-// present on the machine.
+// present on the machine. A third release names a tag that does not exist:
+// its prefetcher rollout holds (spec.rollout.requireAllImages), so the
+// workloads' stage would never start.
 func TestWorkloadsStagedRollout(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -199,6 +201,70 @@ func TestWorkloadsStagedRollout(t *testing.T) {
 		e.assertAlreadyPresent(t, ctx, pods)
 		logf(t, "release %s: %d pods started, 0 blob requests, every image already present", release, len(pods))
 	}
+
+	// Release v3 names a tag nobody pushed. With requireAllImages the
+	// prefetcher's new pod cannot become ready: fetch labels its node
+	// failed, names the image, and exits with an error, so the rollout
+	// that the workloads' stage waits for does not complete, and the
+	// workloads keep running v2.
+	writeShopKustomization(t, dir, e.agentRef, "v3")
+	prefetch, _ := splitStages(t, e.renderDir(t, dir))
+	objs, err := c.Apply(ctx, prefetch, cluster.ApplyOptions{})
+	prefetcher.objs = append(prefetcher.objs, objs...)
+	if err != nil {
+		t.Fatalf("apply the prefetcher of v3: %v", err)
+	}
+	e.waitGateHolds(t, ctx, prefetcher, "ghcr.io/e2e/shop-web:v3")
+}
+
+// waitGateHolds waits until a pod of the prefetcher's new revision has
+// had its fetch init container exit with code 3 (an image failed), its node
+// labelled failed with missing among the failures, and checks that the
+// DaemonSet is then not rolled out.
+func (e env) waitGateHolds(t *testing.T, ctx context.Context, d *deployed, missing string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	var node string
+	if err := poll(ctx, "a fetch init container of "+d.dsName()+" exiting with code 3", func() (bool, string) {
+		pods, err := e.cs.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + d.Name})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods.Items {
+			for _, st := range p.Status.InitContainerStatuses {
+				for _, term := range []*corev1.ContainerStateTerminated{st.State.Terminated, st.LastTerminationState.Terminated} {
+					if st.Name == "fetch" && term != nil && term.ExitCode == 3 {
+						node = p.Spec.NodeName
+						return true, ""
+					}
+				}
+			}
+		}
+		return false, fmt.Sprintf("%d pods", len(pods.Items))
+	}); err != nil {
+		e.dumpPods(t, d.Namespace)
+		t.Fatal(err)
+	}
+	st, err := e.state(ctx, node, d.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range st.summary.Failed {
+		found = found || f.Image == missing
+	}
+	if st.label != "failed" || !found {
+		t.Errorf("%s: label %q annotation %s, want failed naming %s", node, st.label, st.annotation, missing)
+	}
+	ds, err := e.cs.AppsV1().DaemonSets(d.Namespace).Get(ctx, d.dsName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := ds.Status; s.ObservedGeneration == ds.Generation && s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.NumberAvailable == s.DesiredNumberScheduled {
+		t.Errorf("DaemonSet %s is rolled out although %s is missing on %s: the workloads' stage would proceed", d.dsName(), missing, node)
+	}
+	logf(t, "release v3: %s failed on %s, fetch exited 3, the rollout holds", missing, node)
 }
 
 // writeShopKustomization writes the release's kustomization: the app, the
