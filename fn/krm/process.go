@@ -15,6 +15,7 @@ import (
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/render"
+	"github.com/image-prefetcher/image-prefetcher/fn/workloads"
 )
 
 // Annotations the function reads or writes.
@@ -107,9 +108,15 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 	fcIsIP := fc != nil && isPrefetcher(fc)
 	generator := fcIsIP && !kpt
 	lookup := configMapLookup(items)
+	// A kustomize generator is given its own configuration and nothing
+	// else: no workload to select.
+	workloadItems := items
+	if generator {
+		workloadItems = nil
+	}
 
 	expand := func(src *yaml.RNode) *expansion {
-		objs, rs := expandOne(src, lookup)
+		objs, rs := expandOne(src, lookup, workloadItems)
 		results = append(results, rs...)
 		if objs == nil {
 			return nil
@@ -342,12 +349,24 @@ func fileOf(n *yaml.RNode) *fn.File {
 	return &fn.File{Path: p, Index: idx}
 }
 
-// expandOne decodes, validates and renders one ImagePrefetcher.
-func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup) ([]*yaml.RNode, fn.Results) {
+// expandOne decodes, validates and renders one ImagePrefetcher. items are
+// the objects its spec.imageListFrom.workloads selects from; nil when the
+// function cannot see them.
+func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup, items []*yaml.RNode) ([]*yaml.RNode, fn.Results) {
 	var results fn.Results
+	var col *workloads.Collection
 	add := func(ps render.Problems) {
 		for _, p := range ps {
 			r := &fn.Result{Severity: fn.Severity(p.Severity), Message: p.Message, ResourceRef: refOf(src), File: fileOf(src)}
+			if p.Object != nil {
+				// A finding about a selected workload points at it.
+				o := p.Object
+				r.ResourceRef = &fn.ResourceRef{APIVersion: o.APIVersion, Kind: o.Kind, Namespace: o.Namespace, Name: o.Name}
+				r.File = nil
+				if col != nil && col.Node(*o) != nil {
+					r.File = fileOf(col.Node(*o))
+				}
+			}
 			if p.Path != "" {
 				r.Field = &fn.Field{Path: p.Path}
 			}
@@ -363,7 +382,12 @@ func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup) ([]*yaml.RNode, f
 	if probs.HasErrors() {
 		return nil, results
 	}
-	cfg, probs := render.Validate(ip, lookup)
+	sources := render.Sources{ConfigMaps: lookup}
+	if lf := ip.Spec.ImageListFrom; lf != nil && lf.Workloads != nil && items != nil {
+		c := workloads.Collect(items, lf.Workloads)
+		col, sources.Workloads = &c, &c
+	}
+	cfg, probs := render.ValidateSources(ip, sources)
 	add(probs)
 	if probs.HasErrors() {
 		return nil, results
