@@ -230,8 +230,6 @@ type job struct {
 	r              *Result
 	log            *slog.Logger
 	start          time.Time
-	auths          []cri.Auth
-	lookedUp       bool
 	attemptTimeout time.Duration
 	delay          time.Duration
 	permanent      int
@@ -327,11 +325,13 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 // runAttempt makes one attempt while holding a slot. The credential lookup
 // and the size query after a success also run here, because both may be slow
 // (an exec plugin, a busy runtime) and must not stall the other images.
+// Credentials are looked up again for every attempt, as the kubelet does for
+// every pull: a plugin that failed once (throttled by its cloud API) is asked
+// again, and a rotated pull secret is used at once. Plugins cache their
+// answers as they ask, so this costs no extra plugin runs.
 func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
-	if !j.lookedUp {
-		j.auths, j.lookedUp = p.cfg.Creds.Lookup(ctx, j.r.Normalized), true
-	}
-	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, j.auths, j.attemptTimeout)}
+	auths := p.cfg.Creds.Lookup(ctx, j.r.Normalized)
+	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, auths, j.attemptTimeout)}
 	if d.err == nil {
 		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
 			d.bytes = info.Size
