@@ -196,15 +196,13 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	a.entries = list.Entries
 
-	provider := &creds.Provider{Log: log}
 	// An unusable pull secret or plugin config is logged and skipped rather
 	// than fatal: the images that needed it then fail as Unauthorized, and
 	// the label says so, where a crash loop would leave no label at all.
-	for _, p := range f.dockerConfigs {
-		if err := creds.LoadDockerConfig(&provider.Keyring, p); err != nil {
-			log.Error("pull secret unusable; continuing without it", "err", err)
-		}
-	}
+	// The pull secrets are read now, so that a bad one shows in the log at
+	// once, and again whenever the kubelet updates them.
+	provider := &creds.Provider{Log: log, Secrets: &creds.DockerConfigs{Paths: f.dockerConfigs, Log: log}}
+	provider.Secrets.Refresh()
 	if f.providerConfig != "" {
 		if f.providerBinDir == "" {
 			return &ExitCodeError{Code: ExitUsage, Err: errors.New("--image-credential-provider-config needs --image-credential-provider-bin-dir")}
