@@ -13,7 +13,7 @@ import (
 // that strip the padding must work here too, and one entry that cannot be
 // decoded must not take the others down with it.
 func TestDockerConfigAuthDecodesLikeTheKubelet(t *testing.T) {
-	padded := base64.StdEncoding.EncodeToString([]byte("u1:pw1"))  // "dTE6cHcx" needs no padding
+	padded := base64.StdEncoding.EncodeToString([]byte("u1:pw1"))   // "dTE6cHcx" needs no padding
 	padded2 := base64.StdEncoding.EncodeToString([]byte("u22:pw2")) // ends in "="
 	raw := base64.RawStdEncoding.EncodeToString([]byte("u22:pw2"))  // the same, "=" stripped
 	if !strings.HasSuffix(padded2, "=") || strings.HasSuffix(raw, "=") {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/creds"
+	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
 )
 
