@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
@@ -166,16 +167,33 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 		policy = p.cfg.Policy
 	}
 	results := make([]Result, len(entries))
-	var todo []int
+	var check []int
+	pullAnyway := make([]bool, len(entries))
 	for i, e := range entries {
-		r := Result{Image: e.Ref, Normalized: e.Normalized}
+		results[i] = Result{Image: e.Ref, Normalized: e.Normalized}
 		if e.Err != nil {
-			r.Reason, r.Message = ReasonInvalidReference, e.Err.Error()
-			results[i] = r
+			results[i].Reason, results[i].Message = ReasonInvalidReference, e.Err.Error()
 			continue
 		}
-		results[i] = r
-		if p.needsPull(ctx, &results[i], policy) {
+		if policy == v1alpha1.PullAlways || policy == v1alpha1.PullKubelet && imagelist.PullAlways(e.Normalized) {
+			pullAnyway[i] = true
+			continue
+		}
+		check = append(check, i)
+	}
+	// Under IfNotPresent, a present image costs one ImageStatus call and no
+	// registry traffic.
+	statusFailed := make([]bool, len(entries))
+	for k, err := range p.statusAll(ctx, results, check) {
+		if err != nil {
+			i := check[k]
+			p.cfg.Log.Warn("image status failed; pulling, and looking again if the pull fails", "image", results[i].Normalized, "err", err)
+			statusFailed[i] = true
+		}
+	}
+	var todo []int
+	for i, e := range entries {
+		if e.Err == nil && (pullAnyway[i] || !results[i].Present) {
 			todo = append(todo, i)
 		}
 	}
@@ -187,6 +205,7 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 		for _, i := range todo {
 			results[i].Reason, results[i].Message = ReasonTimeout, fmt.Sprintf("waiting for a pull slot: %v", err)
 		}
+		p.recheck(ctx, results, todo, statusFailed)
 		return results
 	}
 	defer release()
@@ -196,33 +215,60 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 	jobs := make([]*job, len(todo))
 	for k, i := range todo {
 		jobs[k] = p.newJob(&results[i])
+		jobs[k].statusFailed = statusFailed[i]
 	}
 	p.pullAll(pctx, jobs)
+	p.recheck(ctx, results, todo, statusFailed)
 	return results
 }
 
-// needsPull applies the pull policy. A present image under IfNotPresent
-// costs one ImageStatus call and no registry traffic.
-func (p *Puller) needsPull(ctx context.Context, r *Result, policy v1alpha1.PullPolicy) bool {
-	switch policy {
-	case v1alpha1.PullAlways:
-		return true
-	case v1alpha1.PullKubelet:
-		if imagelist.PullAlways(r.Normalized) {
-			return true
+// recheck looks again at the images whose ImageStatus call failed and that
+// are still reported missing (the run ended before an attempt could look,
+// or the wait for a pull slot failed): an image that is there is present,
+// whatever the pull said.
+func (p *Puller) recheck(ctx context.Context, results []Result, todo []int, statusFailed []bool) {
+	if ctx.Err() != nil {
+		return
+	}
+	var again []int
+	for _, i := range todo {
+		if statusFailed[i] && !results[i].Present {
+			again = append(again, i)
 		}
 	}
-	info, err := p.rt.ImageStatus(ctx, r.Normalized)
-	if err != nil {
-		p.cfg.Log.Warn("image status failed; pulling", "image", r.Normalized, "err", err)
-		return true
+	for k, err := range p.statusAll(ctx, results, again) {
+		if i := again[k]; err == nil && results[i].Present {
+			results[i].Reason, results[i].Message = "", ""
+			p.cfg.Log.Info("image is present after all; its first ImageStatus call had failed", "image", results[i].Normalized)
+		}
 	}
-	if info == nil {
-		return true
+}
+
+// statusAll asks the runtime about results[i] for every i in idx, at most
+// StatusParallelism calls at once, and marks the present ones. It returns
+// each call's error, in idx order.
+func (p *Puller) statusAll(ctx context.Context, results []Result, idx []int) []error {
+	errs := make([]error, len(idx))
+	sem := make(chan struct{}, StatusParallelism)
+	var wg sync.WaitGroup
+	for k, i := range idx {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r := &results[i]
+			info, err := p.rt.ImageStatus(ctx, r.Normalized)
+			if err != nil {
+				errs[k] = err
+				return
+			}
+			if info != nil {
+				r.Present, r.Bytes = true, info.Size
+				p.cfg.Log.Debug("image present", "image", r.Normalized)
+			}
+		})
 	}
-	r.Present, r.Bytes = true, info.Size
-	p.cfg.Log.Debug("image present", "image", r.Normalized)
-	return false
+	wg.Wait()
+	return errs
 }
 
 // job is one image being pulled: its result and its retry state.
@@ -235,6 +281,9 @@ type job struct {
 	permanent      int
 	lastErr        error
 	lastReason     string
+	// statusFailed: ImageStatus failed before the pull, so the image may be
+	// there after all.
+	statusFailed bool
 }
 
 func (p *Puller) newJob(r *Result) *job {
@@ -252,6 +301,8 @@ type attemptDone struct {
 	j     *job
 	err   error
 	bytes uint64
+	// found: the attempt failed but the image turned out to be present.
+	found bool
 }
 
 // backoffDone says that an image's delay before its next attempt is over;
@@ -332,6 +383,15 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
 	auths := p.cfg.Creds.Lookup(ctx, j.r.Normalized)
 	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, auths, j.attemptTimeout)}
+	if d.err != nil && j.statusFailed {
+		// The pull was made only because ImageStatus failed; a registry
+		// that cannot be reached must not turn a present image into a
+		// failure.
+		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
+			d.err, d.found, d.bytes = nil, true, info.Size
+		}
+		return d
+	}
 	if d.err == nil {
 		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
 			d.bytes = info.Size
@@ -344,6 +404,11 @@ func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
 // attempt, and false when the image is done: pulled, or given up on.
 func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool) {
 	j, r := d.j, d.j.r
+	if d.found {
+		r.Present, r.Reason, r.Message, r.Bytes = true, "", "", d.bytes
+		j.log.Info("image is present after all; its ImageStatus call had failed, and the pull failed too", "attempts", r.Attempts)
+		return 0, false
+	}
 	if d.err == nil {
 		r.Present, r.Pulled, r.Reason, r.Message = true, true, "", ""
 		r.Duration, r.Bytes = time.Since(j.start), d.bytes
@@ -429,3 +494,8 @@ func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, time
 
 // ErrNoImages is returned when a list has no entries at all.
 var ErrNoImages = errors.New("the image list is empty")
+
+// StatusParallelism bounds the ImageStatus calls made at once. They only
+// read the runtime's metadata, so several at once cost little, and a stuck
+// runtime then costs one call's timeout per batch rather than per image.
+const StatusParallelism = 8
