@@ -99,6 +99,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("at most K holders at any moment", env.testAtMostK)
 	t.Run("killed holder's slot is reclaimed after the lease duration", env.testKilledHolder)
 	t.Run("seed nodes pull alone until one finishes", env.testSeed)
+	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
 	// Last: it stops the apiserver.
 	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
 }
