@@ -35,6 +35,20 @@ type Gate interface {
 	Acquire(ctx context.Context) (release func(), err error)
 }
 
+// Slot is a held slot of a gate.
+type Slot interface {
+	Release()
+	// Lost is closed when the slot is lost while held; nil if it cannot be.
+	Lost() <-chan struct{}
+}
+
+// SlotGate is a Gate whose slots can be lost while held (herd control's
+// Leases). The puller stops pulling when that happens, and waits for a
+// slot again.
+type SlotGate interface {
+	Hold(ctx context.Context) (Slot, error)
+}
+
 // NoGate lets every node pull at once.
 type NoGate struct{}
 
@@ -66,7 +80,11 @@ type Config struct {
 	// permanent (not found, unauthorized, ...).
 	PermanentAttempts int
 
-	Gate     Gate
+	Gate Gate
+	// Waiting, when set, is called with the results of the ImageStatus
+	// pass just before a slot is asked for, when something needs pulling:
+	// watch uses it to tell the truth about a missing image while it waits.
+	Waiting  func(results []Result)
 	Creds    Credentials
 	Observer Observer
 	Log      *slog.Logger
@@ -200,27 +218,93 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 	if len(todo) == 0 {
 		return results
 	}
-	release, err := p.cfg.Gate.Acquire(ctx)
-	if err != nil {
-		for _, i := range todo {
-			results[i].Reason, results[i].Message = ReasonTimeout, fmt.Sprintf("waiting for a pull slot: %v", err)
-		}
-		p.recheck(ctx, results, todo, statusFailed)
-		return results
+	if p.cfg.Waiting != nil {
+		p.cfg.Waiting(results)
 	}
-	defer release()
-
-	pctx, cancel := context.WithTimeout(ctx, p.cfg.OverallTimeout)
-	defer cancel()
-	jobs := make([]*job, len(todo))
+	pending := make([]*job, len(todo))
 	for k, i := range todo {
-		jobs[k] = p.newJob(&results[i])
-		jobs[k].statusFailed = statusFailed[i]
+		pending[k] = p.newJob(&results[i])
+		pending[k].statusFailed = statusFailed[i]
 	}
-	p.pullAll(pctx, jobs)
+	// --overall-timeout counts only the time a slot is held: a slot lost
+	// on the way (see holdAndPull) is waited for again off the clock.
+	budget := p.cfg.OverallTimeout
+	for again := false; len(pending) > 0; again = true {
+		var err error
+		pending, budget, err = p.holdAndPull(ctx, pending, budget)
+		if err != nil {
+			what := "waiting for a pull slot"
+			if again {
+				what = "waiting for a pull slot again, after losing one"
+			}
+			for _, j := range pending {
+				j.r.Reason, j.r.Message = ReasonTimeout, fmt.Sprintf("%s: %v", what, err)
+			}
+			break
+		}
+	}
 	p.recheck(ctx, results, todo, statusFailed)
 	return results
 }
+
+// ErrSlotLost is the cause of a pull run's context ending because its
+// herd-control slot was lost.
+var ErrSlotLost = errors.New("the pull slot was lost")
+
+// holdAndPull takes a slot and pulls jobs while it is held, for at most
+// budget. If the slot is lost meanwhile (a holder that cannot renew its
+// Lease for two thirds of its duration, say during an API outage), the
+// calls in flight are cancelled and no new ones start: after the full
+// lease duration another node may take the slot, and the cap must hold.
+// It returns the jobs that were interrupted that way, and what is left of
+// the budget.
+func (p *Puller) holdAndPull(ctx context.Context, jobs []*job, budget time.Duration) ([]*job, time.Duration, error) {
+	slot, err := p.hold(ctx)
+	if err != nil {
+		return jobs, budget, err
+	}
+	defer slot.Release()
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, max(budget, 0))
+	defer cancel()
+	lctx, lose := context.WithCancelCause(pctx)
+	defer lose(nil)
+	if lost := slot.Lost(); lost != nil {
+		go func() {
+			select {
+			case <-lost:
+				lose(ErrSlotLost)
+			case <-lctx.Done():
+			}
+		}()
+	}
+	left := p.pullAll(lctx, jobs)
+	if len(left) > 0 {
+		p.cfg.Log.Warn("lost the pull slot; stopped pulling until a slot is held again", "images", len(left))
+	}
+	return left, budget - time.Since(start), nil
+}
+
+// hold takes a slot from the gate.
+func (p *Puller) hold(ctx context.Context) (Slot, error) {
+	if g, ok := p.cfg.Gate.(SlotGate); ok {
+		return g.Hold(ctx)
+	}
+	release, err := p.cfg.Gate.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return plainSlot(release), nil
+}
+
+// plainSlot is a slot that cannot be lost.
+type plainSlot func()
+
+func (s plainSlot) Release()            { s() }
+func (plainSlot) Lost() <-chan struct{} { return nil }
+
+// slotLost reports whether ctx ended because the slot was lost.
+func slotLost(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrSlotLost) }
 
 // recheck looks again at the images whose ImageStatus call failed and that
 // are still reported missing (the run ended before an attempt could look,
@@ -324,14 +408,18 @@ type backoffDone struct {
 //
 // Only this goroutine touches the queue, the counters and the results; the
 // goroutines it starts report back on channels.
-func (p *Puller) pullAll(ctx context.Context, queue []*job) {
+func (p *Puller) pullAll(ctx context.Context, queue []*job) (interrupted []*job) {
 	attempts := make(chan attemptDone)
 	backoffs := make(chan backoffDone)
 	inFlight, sleeping := 0, 0
 	for {
 		if ctx.Err() != nil {
-			for _, j := range queue {
-				p.giveUp(ctx, j)
+			if slotLost(ctx) {
+				interrupted = append(interrupted, queue...)
+			} else {
+				for _, j := range queue {
+					p.giveUp(ctx, j)
+				}
 			}
 			queue = nil
 		}
@@ -346,7 +434,7 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 			go func() { attempts <- p.runAttempt(ctx, j) }()
 		}
 		if inFlight == 0 && sleeping == 0 && len(queue) == 0 {
-			return
+			return interrupted
 		}
 		// Queued images are given up on as soon as the run ends, without
 		// waiting for the calls in flight to notice.
@@ -357,6 +445,12 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 		select {
 		case d := <-attempts:
 			inFlight--
+			if d.err != nil && slotLost(ctx) {
+				// Cut short by the lost slot: not the image's failure.
+				d.j.r.Attempts--
+				interrupted = append(interrupted, d.j)
+				continue
+			}
 			if wait, retry := p.settle(ctx, d); retry {
 				sleeping++
 				go func() { backoffs <- backoffDone{d.j, p.cfg.Sleep(ctx, wait)} }()
@@ -364,7 +458,11 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 		case b := <-backoffs:
 			sleeping--
 			if b.err != nil {
-				p.giveUp(ctx, b.j)
+				if slotLost(ctx) {
+					interrupted = append(interrupted, b.j)
+				} else {
+					p.giveUp(ctx, b.j)
+				}
 				continue
 			}
 			queue = append(queue, b.j)
