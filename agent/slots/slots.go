@@ -50,6 +50,9 @@ const (
 	DefaultPollInterval = 2 * time.Second
 	// DefaultCallTimeout bounds every single API call.
 	DefaultCallTimeout = 10 * time.Second
+	// DefaultForbiddenFor: a restarted apiserver answers Forbidden until
+	// its RBAC caches are filled, which takes seconds.
+	DefaultForbiddenFor = 30 * time.Second
 
 	// SeededAnnotation on the slot-0 Lease says that a seed node has
 	// finished pulling. Its value is the Config.SeedKey of that seed.
@@ -111,6 +114,9 @@ type Config struct {
 	PollInterval time.Duration
 	// CallTimeout bounds each API call. Default DefaultCallTimeout.
 	CallTimeout time.Duration
+	// ForbiddenFor is how long every slot may answer Forbidden before the
+	// wait ends with an error (missing RBAC). Default DefaultForbiddenFor.
+	ForbiddenFor time.Duration
 	// Logger receives progress and problems. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -161,6 +167,9 @@ func New(cfg Config) (*Gate, error) {
 	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.ForbiddenFor <= 0 {
+		cfg.ForbiddenFor = DefaultForbiddenFor
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -249,6 +258,9 @@ type waiter struct {
 	// maxConcurrentNodes is lowered, the Role loses the higher slot names
 	// at once while old pods still count them; those are skipped.
 	denied []bool
+	// allDenied is when every eligible slot was first found forbidden;
+	// zero while some slot is not.
+	allDenied time.Time
 }
 
 // eligible is the number of slots that may be taken now.
@@ -310,6 +322,7 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	if err != nil {
 		return nil, w.failed("get", i, err)
 	}
+	w.allDenied = time.Time{}
 	if i == 0 && !w.seeded && seededBy(lease, g.seedValue()) {
 		w.seeded = true
 		g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
@@ -359,7 +372,19 @@ func (w *waiter) failed(verb string, i int, err error) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%s Lease %s/%s: %w", verb, g.cfg.Namespace, name, err)
+	// Every slot refused. An apiserver that has just restarted answers
+	// Forbidden for a moment, until its RBAC caches are filled; missing
+	// RBAC does not go away. So the slots are read again for a while,
+	// then the wait ends.
+	now := g.now()
+	if w.allDenied.IsZero() {
+		w.allDenied = now
+	}
+	if now.Sub(w.allDenied) >= g.cfg.ForbiddenFor {
+		return fmt.Errorf("%s Lease %s/%s (every slot refused for %s): %w", verb, g.cfg.Namespace, name, g.cfg.ForbiddenFor, err)
+	}
+	clear(w.denied)
+	return nil
 }
 
 // failed turns an API error from a waiter into what the caller should do:
