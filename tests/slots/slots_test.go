@@ -102,6 +102,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
 	// Last: it stops the apiserver.
 	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
+	t.Run("a holder that cannot renew stops pulling: never more than K nodes pull", env.testOutageCap)
 }
 
 type testEnv struct {
