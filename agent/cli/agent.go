@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -147,6 +148,13 @@ type agent struct {
 	labeler *label.Labeler
 	events  *events.Recorder
 	metrics *metrics.Metrics
+	// releaseGrace bounds giving back the herd-control slot once the run
+	// was terminated (the package's releaseGrace when 0).
+	releaseGrace time.Duration
+	// serveCtx, when set, bounds the metrics server instead of init's
+	// context: fetch's context ends with SIGTERM handling, and /metrics
+	// stays up until the command returns.
+	serveCtx context.Context
 }
 
 // newAgent returns an agent that init will set up.
@@ -236,7 +244,11 @@ func (a *agent) init(ctx context.Context, args []string) error {
 
 	if f.metricsAddr != "" {
 		a.metrics = metrics.New()
-		if _, err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
+		sctx := ctx
+		if a.serveCtx != nil {
+			sctx = a.serveCtx
+		}
+		if _, err := a.metrics.Serve(sctx, f.metricsAddr, log); err != nil {
 			return err
 		}
 	}
@@ -260,7 +272,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		MaxDelay:              f.maxDelay,
 		OverallTimeout:        f.overallTimeout,
 		PermanentAttempts:     f.permanentAttempts,
-		Gate:                  boundedRelease{Gate: gate, grace: releaseGrace, log: log},
+		Gate:                  boundedRelease{Gate: gate, grace: cmp.Or(a.releaseGrace, releaseGrace), log: log},
 		Creds:                 provider,
 		Log:                   log,
 		Sleep:                 deps.Sleep,

@@ -2,10 +2,17 @@ package cli
 
 import (
 	"fmt"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 )
+
+// fetchReleaseGrace is how long fetch, once terminated, waits for its slot
+// to be given back: a seed writes slot 0 first, then clears its own. The
+// pod's termination grace period (30 s by default) leaves room.
+const fetchReleaseGrace = 5 * time.Second
 
 func newFetch(deps *Deps) *cobra.Command {
 	f := &agentFlags{}
@@ -14,15 +21,28 @@ func newFetch(deps *Deps) *cobra.Command {
 		Use:   "fetch [flags] [IMAGE...]",
 		Short: "Pull every image of the list once, then label the node (the init container)",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
+			// The DaemonSet controller deletes not-ready pods first during an
+			// update. On SIGTERM the pulls are cancelled, and the herd-control
+			// slot is given back (a seed records that it is done) instead of
+			// blocking every other node for a lease duration.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
 			start := time.Now()
 			f.parsed(cmd)
 			a := newAgent(f, deps)
+			a.releaseGrace = fetchReleaseGrace
+			a.serveCtx = cmd.Context()
 			if err := a.init(ctx, args); err != nil {
 				return err
 			}
 			defer a.cri.Close()
 			results := a.puller.Run(ctx, a.entries, "")
+			if ctx.Err() != nil {
+				// A label from a run cut short would report images as failed
+				// that were only interrupted.
+				a.log.Warn("terminated before the pull finished; not labeling the node")
+				return &ExitCodeError{Code: ExitError, Err: errSilent}
+			}
 			s := summarize(results, time.Since(start))
 			a.observe(s)
 			ok := s.FailureCount() == 0
