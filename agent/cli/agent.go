@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -155,6 +156,12 @@ type agent struct {
 	// context: fetch's context ends with SIGTERM handling, and /metrics
 	// stays up until the command returns.
 	serveCtx context.Context
+	// onWaiting, when set, is the puller's Waiting hook (watch's keeper).
+	onWaiting func([]pull.Result)
+	// afterPull, when set, is called as soon as a check's pulls are over.
+	afterPull func()
+	// labelMu serializes label rewrites.
+	labelMu sync.Mutex
 }
 
 // newAgent returns an agent that init will set up.
@@ -274,6 +281,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		PermanentAttempts:     f.permanentAttempts,
 		Gate:                  boundedRelease{Gate: gate, grace: cmp.Or(a.releaseGrace, releaseGrace), log: log},
 		Creds:                 provider,
+		Waiting:               a.onWaiting,
 		Log:                   log,
 		Sleep:                 deps.Sleep,
 	}

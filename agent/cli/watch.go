@@ -11,8 +11,75 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
+
+// keeper keeps the label truthful while a check is stuck, typically waiting
+// for a herd-control slot to pull a garbage-collected image again, which
+// can take hours during a rollout with a small maxConcurrentNodes. Each
+// check reports what the ImageStatus pass found before it asks for a slot;
+// if the check is still running at the keeper's next tick (one refresh
+// interval, jittered), the label is made to say that: failed, with the
+// missing images as Missing. A deleted label or a re-created Node is
+// repaired the same way. A quick re-pull finishes before the tick and never
+// flips the label.
+type keeper struct {
+	a *agent
+
+	mu       sync.Mutex
+	checking bool
+	pending  *label.Summary // the current check's state before its pulls
+}
+
+func (k *keeper) begin() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.checking, k.pending = true, nil
+}
+
+func (k *keeper) end() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.checking, k.pending = false, nil
+}
+
+// waiting is the puller's Waiting hook; results are only read here.
+func (k *keeper) waiting(results []pull.Result) {
+	rs := make([]pull.Result, len(results))
+	copy(rs, results)
+	for i := range rs {
+		if !rs[i].Present && rs[i].Reason == "" {
+			rs[i].Reason = pull.ReasonMissing
+			rs[i].Message = "not present on the node (removed by image garbage collection?); waiting to pull it again"
+		}
+	}
+	s := summarize(rs, 0)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.checking {
+		k.pending = &s
+	}
+}
+
+func (k *keeper) repairWhileChecking(ctx context.Context, refresh time.Duration) {
+	a := k.a
+	for sleepCtx(ctx, jitter(refresh)) == nil && a.labeler != nil {
+		// pending is read under the label lock: a check whose pulls ended
+		// has cleared it by then, so its own, newer rewrite is never
+		// overwritten with this older state.
+		a.labelMu.Lock()
+		k.mu.Lock()
+		s := k.pending
+		k.mu.Unlock()
+		if s != nil {
+			a.log.Debug("a check is still pulling or waiting for a pull slot; making the label tell what is missing")
+			a.reconcileLocked(ctx, *s)
+		}
+		a.labelMu.Unlock()
+	}
+}
 
 func newWatch(deps *Deps) *cobra.Command {
 	f := &agentFlags{}
@@ -28,6 +95,8 @@ func newWatch(deps *Deps) *cobra.Command {
 			stoppedAt := doneAt(ctx)
 			f.parsed(cmd)
 			a := newAgent(f, deps)
+			kp := &keeper{a: a}
+			a.onWaiting, a.afterPull = kp.waiting, kp.end
 			// The label must be gone within removeBudget of the signal, however
 			// long the loop takes to notice it.
 			exit := func() error {
@@ -50,7 +119,9 @@ func newWatch(deps *Deps) *cobra.Command {
 			deps.Ready()
 			if refresh > 0 {
 				a.log.Info("watching", "images", len(a.entries), "refreshInterval", refresh)
+				go kp.repairWhileChecking(ctx, refresh)
 				for {
+					kp.begin()
 					a.check(ctx)
 					if sleepCtx(ctx, jitter(refresh)) != nil {
 						break
@@ -115,6 +186,9 @@ func jitter(d time.Duration) time.Duration {
 func (a *agent) check(ctx context.Context) {
 	start := time.Now()
 	results := a.puller.Run(ctx, a.entries, v1alpha1.PullIfNotPresent)
+	if a.afterPull != nil {
+		a.afterPull()
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -125,9 +199,21 @@ func (a *agent) check(ctx context.Context) {
 	}
 	s := summarize(results, time.Since(start))
 	a.observe(s)
+	a.reconcile(ctx, s)
+}
+
+// reconcile rewrites the label and annotation when they drifted from s.
+// Only one reconcile runs at a time: the check loop and the keeper share it.
+func (a *agent) reconcile(ctx context.Context, s label.Summary) {
 	if a.labeler == nil {
 		return
 	}
+	a.labelMu.Lock()
+	defer a.labelMu.Unlock()
+	a.reconcileLocked(ctx, s)
+}
+
+func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 	value, cur, ok, err := a.labeler.Current(ctx)
 	if ctx.Err() != nil {
 		return
