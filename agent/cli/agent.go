@@ -160,6 +160,10 @@ type agent struct {
 	onWaiting func([]pull.Result)
 	// afterPull, when set, is called as soon as a check's pulls are over.
 	afterPull func()
+	// kube is the API client (nil without one); pod and namespace are the
+	// agent's own pod's (empty outside a pod).
+	kube           kube.Interface
+	pod, namespace string
 	// labelMu serializes label rewrites.
 	labelMu sync.Mutex
 }
@@ -238,6 +242,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		}
 		client = k
 	}
+	a.kube, a.pod, a.namespace = client, pod, ns
 	if f.labelNode {
 		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep}
 	}

@@ -1,13 +1,37 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 )
+
+// announcePulls runs before fetch pulls anything. When the node already
+// carries this instance's key (watch kept it across a rollout, or a pod
+// restarted), it is made to tell the truth at once: a changed list whose
+// new images are not there yet is failed, with those images as Missing,
+// until they are pulled. A rollout that changes nothing the node lacks
+// pulls nothing, so the label never leaves succeeded. On a node without
+// the key nothing is written until the pull ends, as before.
+func (a *agent) announcePulls(ctx context.Context, results []pull.Result) {
+	if a.labeler == nil {
+		return
+	}
+	if _, _, ok, err := a.labeler.Current(ctx); err != nil || !ok {
+		return
+	}
+	s := pendingSummary(results)
+	a.log.Info("images to pull; the label says so until they are there", "summary", s.Text())
+	if err := a.labeler.Apply(ctx, s); err != nil {
+		a.log.Warn("could not mark the label while pulling; it is rewritten when the pull ends", "err", err)
+	}
+}
 
 // fetchReleaseGrace is how long fetch, once terminated, waits for its slot
 // to be given back: a seed writes slot 0 first, then clears its own. The
@@ -32,6 +56,7 @@ func newFetch(deps *Deps) *cobra.Command {
 			a := newAgent(f, deps)
 			a.releaseGrace = fetchReleaseGrace
 			a.serveCtx = cmd.Context()
+			a.onWaiting = func(results []pull.Result) { a.announcePulls(ctx, results) }
 			if err := a.init(ctx, args); err != nil {
 				return err
 			}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -47,20 +49,26 @@ func (k *keeper) end() {
 
 // waiting is the puller's Waiting hook; results are only read here.
 func (k *keeper) waiting(results []pull.Result) {
-	rs := make([]pull.Result, len(results))
-	copy(rs, results)
-	for i := range rs {
-		if !rs[i].Present && rs[i].Reason == "" {
-			rs[i].Reason = pull.ReasonMissing
-			rs[i].Message = "not present on the node (removed by image garbage collection?); waiting to pull it again"
-		}
-	}
-	s := summarize(rs, 0)
+	s := pendingSummary(results)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.checking {
 		k.pending = &s
 	}
+}
+
+// pendingSummary is the state before pulling: every image not present is
+// Missing, being pulled.
+func pendingSummary(results []pull.Result) label.Summary {
+	rs := make([]pull.Result, len(results))
+	copy(rs, results)
+	for i := range rs {
+		if !rs[i].Present && rs[i].Reason == "" {
+			rs[i].Reason = pull.ReasonMissing
+			rs[i].Message = "not present on the node; being pulled, or waiting for a pull slot"
+		}
+	}
+	return summarize(rs, 0)
 }
 
 func (k *keeper) repairWhileChecking(ctx context.Context, refresh time.Duration) {
@@ -103,7 +111,12 @@ func newWatch(deps *Deps) *cobra.Command {
 				if !removeOnExit {
 					return nil
 				}
-				return a.removeLabel(ctx, stoppedAt().Add(removeBudget))
+				deadline := stoppedAt().Add(removeBudget)
+				if keep, why := a.stillCovered(ctx, deadline); keep {
+					a.log.Info("keeping the node label: the instance still covers this node", "why", why)
+					return nil
+				}
+				return a.removeLabel(ctx, deadline)
 			}
 			if err := a.init(ctx, args); err != nil {
 				var ce *ExitCodeError
@@ -157,6 +170,42 @@ func doneAt(ctx context.Context) func() time.Time {
 		mark()
 		return at
 	}
+}
+
+// coverageShare is the part of the shutdown budget that asking whether the
+// instance still covers the node may take; removal gets the rest.
+const coverageShare = 3 * time.Second / 2
+
+// stillCovered reports whether the instance's DaemonSet still covers this
+// node, so that the label stays across a rollout: the images stay, and the
+// next pod's fetch rewrites the label. It is false when the DaemonSet is
+// gone or being deleted, when it no longer selects the node, and whenever
+// that cannot be told (outside a pod, no access, API down): the label is
+// then removed as before, so that it never outlives its instance.
+func (a *agent) stillCovered(ctx context.Context, deadline time.Time) (bool, string) {
+	if a.labeler == nil || a.pod == "" || a.namespace == "" {
+		return false, ""
+	}
+	getter, ok := a.kube.(kube.DaemonSetGetter)
+	if !ok {
+		return false, ""
+	}
+	until := time.Now().Add(coverageShare)
+	if deadline.Before(until) {
+		until = deadline
+	}
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	defer cancel()
+	c := coverage.Checker{DaemonSets: getter.DaemonSets(a.namespace), Nodes: a.kube.Nodes(), Pod: a.pod, Node: a.flags.nodeName}
+	covered, why, err := c.Covers(cctx)
+	if err != nil {
+		a.log.Warn("cannot tell whether the instance still covers this node; removing the label", "err", err)
+		return false, ""
+	}
+	if !covered {
+		a.log.Info("the instance no longer covers this node; removing the label", "why", why)
+	}
+	return covered, why
 }
 
 // removeLabel removes this instance's label and annotation, giving up at

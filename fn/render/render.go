@@ -168,7 +168,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 		&rbacv1.Role{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
 			ObjectMeta: meta(n.Namespaced, true),
-			Rules:      c.roleRules(),
+			Rules:      append(c.roleRules(), ownDaemonSetRule(n.Namespaced)),
 		},
 		&rbacv1.RoleBinding{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -251,6 +251,13 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 		)
 	}
 	return rules
+}
+
+// ownDaemonSetRule lets watch read its own DaemonSet, and nothing else, so
+// that it keeps the node key across a rollout and removes it only when the
+// DaemonSet is gone, being deleted, or no longer selects the node.
+func ownDaemonSetRule(name string) rbacv1.PolicyRule {
+	return rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{name}, Verbs: []string{"get"}}
 }
 
 // Volume names inside the pod.
