@@ -54,7 +54,13 @@ type daemonSets struct {
 }
 
 func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*DaemonSet, error) {
-	raw, err := d.c.Get().Namespace(d.ns).Resource("daemonsets").Name(name).VersionedParams(&opts, parameterCodec).Do(ctx).Raw()
+	res := d.c.Get().Namespace(d.ns).Resource("daemonsets").Name(name).VersionedParams(&opts, parameterCodec).Do(ctx)
+	// Error, unlike Raw, decodes the apiserver's Status: its reason and
+	// message, not just one made up from the HTTP code.
+	if err := res.Error(); err != nil {
+		return nil, err
+	}
+	raw, err := res.Raw()
 	if err != nil {
 		return nil, err
 	}
