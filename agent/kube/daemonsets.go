@@ -54,7 +54,13 @@ type daemonSets struct {
 }
 
 func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*DaemonSet, error) {
-	res := d.c.Get().Namespace(d.ns).Resource("daemonsets").Name(name).VersionedParams(&opts, parameterCodec).Do(ctx)
+	// GetOptions holds one field; it is set by hand so that apps/v1 needs
+	// no registration in the scheme, which costs every start.
+	req := d.c.Get().Namespace(d.ns).Resource("daemonsets").Name(name)
+	if opts.ResourceVersion != "" {
+		req = req.Param("resourceVersion", opts.ResourceVersion)
+	}
+	res := req.Do(ctx)
 	// Error, unlike Raw, decodes the apiserver's Status: its reason and
 	// message, not just one made up from the HTTP code.
 	if err := res.Error(); err != nil {

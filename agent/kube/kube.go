@@ -73,9 +73,6 @@ func init() {
 	metav1.AddToGroupVersion(scheme, corev1.SchemeGroupVersion)
 	scheme.AddKnownTypes(coordinationv1.SchemeGroupVersion, &coordinationv1.Lease{})
 	metav1.AddToGroupVersion(scheme, coordinationv1.SchemeGroupVersion)
-	// DaemonSets are decoded by hand (see DaemonSet); only the options of
-	// the calls are encoded through the scheme.
-	metav1.AddToGroupVersion(scheme, appsV1)
 }
 
 // Client implements Interface over HTTP.
