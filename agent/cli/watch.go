@@ -22,17 +22,18 @@ import (
 // for a herd-control slot to pull a garbage-collected image again, which
 // can take hours during a rollout with a small maxConcurrentNodes. Each
 // check reports what the ImageStatus pass found before it asks for a slot;
-// if the check is still running at the keeper's next tick (one refresh
-// interval, jittered), the label is made to say that: failed, with the
-// missing images as Missing. A deleted label or a re-created Node is
-// repaired the same way. A quick re-pull finishes before the tick and never
-// flips the label.
+// if the check is still pulling or waiting a refresh interval later (seen
+// at the keeper's ticks, every interval, jittered), the label is made to
+// say that: failed, with the missing images as Missing. A deleted label or
+// a re-created Node is repaired the same way. A re-pull that ends within
+// one interval never flips the label.
 type keeper struct {
 	a *agent
 
 	mu       sync.Mutex
 	checking bool
 	pending  *label.Summary // the current check's state before its pulls
+	since    time.Time      // when pending was set
 }
 
 func (k *keeper) begin() {
@@ -53,7 +54,7 @@ func (k *keeper) waiting(results []pull.Result) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.checking {
-		k.pending = &s
+		k.pending, k.since = &s, time.Now()
 	}
 }
 
@@ -80,6 +81,10 @@ func (k *keeper) repairWhileChecking(ctx context.Context, refresh time.Duration)
 		a.labelMu.Lock()
 		k.mu.Lock()
 		s := k.pending
+		// A re-pull that ends within one interval never flips the label.
+		if time.Since(k.since) < refresh {
+			s = nil
+		}
 		k.mu.Unlock()
 		if s != nil {
 			a.log.Debug("a check is still pulling or waiting for a pull slot; making the label tell what is missing")
