@@ -84,4 +84,3 @@ func (k *keeper) repairWhileChecking(ctx context.Context, refresh time.Duration)
 		a.labelMu.Unlock()
 	}
 }
-
