@@ -16,7 +16,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -38,6 +37,9 @@ type Failure struct {
 
 // Summary is the annotation value: what the last check found.
 type Summary struct {
+	// Owner comes first: the admission policy reads it as a prefix (see
+	// Owner.Prefix).
+	Owner           *Owner    `json:"owner,omitempty"`
 	Total           int       `json:"total"`
 	Present         int       `json:"present"`
 	Failed          []Failure `json:"failed"`
@@ -106,6 +108,9 @@ func (s Summary) Text() string {
 // Same reports whether two summaries describe the same state, ignoring
 // when and how fast they were computed.
 func (s Summary) Same(o Summary) bool {
+	if (s.Owner == nil) != (o.Owner == nil) || s.Owner != nil && *s.Owner != *o.Owner {
+		return false
+	}
 	if s.Total != o.Total || s.Present != o.Present || s.OmittedFailures != o.OmittedFailures || len(s.Failed) != len(o.Failed) {
 		return false
 	}
@@ -150,6 +155,10 @@ type Labeler struct {
 	Nodes kube.NodeClient
 	Node  string
 	Key   string
+	// Owner, when set, is written into the annotation, and a key that
+	// belongs to another instance is never written or removed (see
+	// owner.go). Without it the key is written whoever holds it.
+	Owner *Owner
 	Log   *slog.Logger
 	// RetryFor bounds the retries of transient API errors (2m by default).
 	RetryFor time.Duration
@@ -171,11 +180,12 @@ func (l *Labeler) log() *slog.Logger {
 // Apply sets the label to the summary's value and the annotation to the
 // summary, retrying transient API errors for up to RetryFor.
 func (l *Labeler) Apply(ctx context.Context, s Summary) error {
+	s.Owner = l.Owner
 	patch := map[string]any{"metadata": map[string]any{
 		"labels":      map[string]any{l.Key: s.Value()},
 		"annotations": map[string]any{l.Key: s.Marshal()},
 	}}
-	return l.patch(ctx, patch, l.retryFor())
+	return l.patch(ctx, patch, l.retryFor(), false)
 }
 
 // Remove deletes the label and annotation, retrying for up to budget.
@@ -184,7 +194,7 @@ func (l *Labeler) Remove(ctx context.Context, budget time.Duration) error {
 		"labels":      map[string]any{l.Key: nil},
 		"annotations": map[string]any{l.Key: nil},
 	}}
-	return l.patch(ctx, patch, budget)
+	return l.patch(ctx, patch, budget, true)
 }
 
 // Current returns the label value and the parsed annotation on the node.
@@ -226,7 +236,7 @@ func (l *Labeler) attemptTimeout() time.Duration {
 // therefore gets no attempt at all; callers that must write while shutting
 // down (removing the label on SIGTERM) pass a fresh context whose deadline
 // is what is left of their shutdown budget.
-func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration) error {
+func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration, remove bool) error {
 	body, err := json.Marshal(patch)
 	if err != nil {
 		return fmt.Errorf("encode patch for node %s: %w", l.Node, err)
@@ -259,7 +269,7 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		// ctx's own deadline, if any, still bounds it.
 		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
 		actx, cancel := context.WithTimeout(ctx, timeout)
-		_, err = l.Nodes.Patch(actx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
+		err = l.send(actx, body, remove)
 		cancel()
 		if err == nil {
 			return nil
@@ -289,7 +299,7 @@ func Retryable(err error) bool {
 		apierrors.IsBadRequest(err), apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err),
 		apierrors.IsUnsupportedMediaType(err):
 		return false
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled), IsOwnerConflict(err):
 		return false
 	}
 	return true
