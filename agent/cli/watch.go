@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -98,6 +99,10 @@ func (a *agent) removeLabel(ctx context.Context, deadline time.Time) error {
 	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	if err := a.labeler.Remove(rctx, time.Until(deadline)); err != nil {
+		if label.IsOwnerConflict(err) {
+			a.log.Info("not removing the node label: it belongs to another instance of the same name", "err", err)
+			return nil
+		}
 		a.log.Error("removing the node label failed", "err", err)
 		return &ExitCodeError{Code: ExitError, Err: errSilent}
 	}
@@ -128,6 +133,9 @@ func (a *agent) check(ctx context.Context) {
 	if a.labeler == nil {
 		return
 	}
+	// Compared with the owner: an unowned key with the right value is
+	// rewritten once, to adopt it.
+	s.Owner = a.labeler.Owner
 	value, cur, ok, err := a.labeler.Current(ctx)
 	if ctx.Err() != nil {
 		return
@@ -141,6 +149,9 @@ func (a *agent) check(ctx context.Context) {
 	}
 	a.log.Info("label drifted; rewriting it", "was", value, "now", s.Value(), "summary", s.Text())
 	if err := a.labeler.Apply(ctx, s); err != nil {
+		if a.ownerConflict(ctx, err) {
+			return
+		}
 		if ctx.Err() != nil {
 			a.log.Info("label rewrite abandoned: terminating", "err", err)
 			return
@@ -148,5 +159,6 @@ func (a *agent) check(ctx context.Context) {
 		a.log.Error("labeling the node failed; will retry at the next check", "err", err)
 		return
 	}
+	a.keyWritten()
 	a.events.Record(ctx, s.FailureCount() == 0, s.Text())
 }

@@ -19,6 +19,9 @@ import (
 const (
 	ReasonPrefetched     = "Prefetched"
 	ReasonPrefetchFailed = "PrefetchFailed"
+	// ReasonInstanceConflict: the node key belongs to another instance of
+	// the same name, in another namespace; this one leaves it alone.
+	ReasonInstanceConflict = "InstanceConflict"
 )
 
 // maxMessage is the API server's limit on an Event message.
@@ -38,6 +41,16 @@ type Recorder struct {
 // Record creates one Event. Failures are logged, never returned: an Event
 // is a courtesy and must not fail a run.
 func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
+	typ, reason := corev1.EventTypeNormal, ReasonPrefetched
+	if !ok {
+		typ, reason = corev1.EventTypeWarning, ReasonPrefetchFailed
+	}
+	r.Emit(ctx, typ, reason, message)
+}
+
+// Emit creates one Event of the given type and reason. Like Record, it
+// logs failures and never returns them.
+func (r *Recorder) Emit(ctx context.Context, typ, reason, message string) {
 	log := r.Log
 	if log == nil {
 		log = slog.Default()
@@ -45,10 +58,6 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 	if r.Client == nil || r.Pod == "" || r.Namespace == "" {
 		log.Debug("not recording an Event: pod name or namespace unknown (POD_NAME/POD_NAMESPACE unset)")
 		return
-	}
-	typ, reason := corev1.EventTypeNormal, ReasonPrefetched
-	if !ok {
-		typ, reason = corev1.EventTypeWarning, ReasonPrefetchFailed
 	}
 	message = truncate(message, maxMessage)
 	now := metav1.NewTime(time.Now())

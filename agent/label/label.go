@@ -185,7 +185,7 @@ func (l *Labeler) Apply(ctx context.Context, s Summary) error {
 		"labels":      map[string]any{l.Key: s.Value()},
 		"annotations": map[string]any{l.Key: s.Marshal()},
 	}}
-	return l.patch(ctx, patch, l.retryFor(), false)
+	return l.patch(ctx, patch, l.retryFor())
 }
 
 // Remove deletes the label and annotation, retrying for up to budget.
@@ -194,7 +194,7 @@ func (l *Labeler) Remove(ctx context.Context, budget time.Duration) error {
 		"labels":      map[string]any{l.Key: nil},
 		"annotations": map[string]any{l.Key: nil},
 	}}
-	return l.patch(ctx, patch, budget, true)
+	return l.patch(ctx, patch, budget)
 }
 
 // Current returns the label value and the parsed annotation on the node.
@@ -236,7 +236,7 @@ func (l *Labeler) attemptTimeout() time.Duration {
 // therefore gets no attempt at all; callers that must write while shutting
 // down (removing the label on SIGTERM) pass a fresh context whose deadline
 // is what is left of their shutdown budget.
-func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration, remove bool) error {
+func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.Duration) error {
 	body, err := json.Marshal(patch)
 	if err != nil {
 		return fmt.Errorf("encode patch for node %s: %w", l.Node, err)
@@ -269,7 +269,7 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		// ctx's own deadline, if any, still bounds it.
 		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
 		actx, cancel := context.WithTimeout(ctx, timeout)
-		err = l.send(actx, body, remove)
+		err = l.send(actx, body)
 		cancel()
 		if err == nil {
 			return nil

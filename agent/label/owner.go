@@ -120,9 +120,8 @@ const conflictRetries = 3
 // and refuses a key that belongs to another instance; the patch then
 // carries the resourceVersion that was read, so that a key claimed by
 // someone else in between fails the patch with a conflict instead of being
-// overwritten. remove is true for a patch that deletes the key: one for a
-// key that is already gone is skipped.
-func (l *Labeler) send(ctx context.Context, body []byte, remove bool) error {
+// overwritten.
+func (l *Labeler) send(ctx context.Context, body []byte) error {
 	if l.Owner == nil {
 		_, err := l.Nodes.Patch(ctx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
 		return err
@@ -137,9 +136,6 @@ func (l *Labeler) send(ctx context.Context, body []byte, remove bool) error {
 		if node.hasAnn && !l.Owner.Owns(node.ann) {
 			theirs, _ := Claim(node.ann)
 			return &OwnerConflictError{Node: l.Node, Key: l.Key, Ours: *l.Owner, Theirs: theirs}
-		}
-		if remove && !node.hasAnn && !node.hasLabel {
-			return nil
 		}
 		var guarded []byte
 		guarded, err = withResourceVersion(body, node.resourceVersion)
@@ -167,7 +163,6 @@ func (l *Labeler) readKey(ctx context.Context) (*nodeMeta, error) {
 	}
 	m := &nodeMeta{resourceVersion: n.ResourceVersion}
 	m.ann, m.hasAnn = n.Annotations[l.Key]
-	_, m.hasLabel = n.Labels[l.Key]
 	return m, nil
 }
 

@@ -26,6 +26,9 @@ type Metrics struct {
 	PullBytes    prometheus.Counter
 	Attempts     *prometheus.CounterVec
 	LastSuccess  prometheus.Gauge
+	// OwnerConflict is 1 while the node key belongs to another instance of
+	// the same name (see agent/label's Owner).
+	OwnerConflict prometheus.Gauge
 }
 
 // New registers the collectors.
@@ -48,8 +51,11 @@ func New() *Metrics {
 		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
 		}),
+		OwnerConflict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "image_prefetcher_owner_conflict", Help: "1 while this instance's node key belongs to another instance of the same name in another namespace, which this one leaves alone; 0 once it wrote the key.",
+		}),
 	}
-	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess)
+	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess, m.OwnerConflict)
 	return m
 }
 
