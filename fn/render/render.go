@@ -36,6 +36,15 @@ const (
 )
 
 // Names of the rendered objects of an instance.
+//
+// The rule that keeps them apart: every namespaced object of instance N is
+// named image-prefetcher-N, or image-prefetcher-N.<suffix> for a second
+// object of a kind; every cluster-scoped one image-prefetcher.<ns>.N.
+// Instance names and namespaces are DNS labels, which hold no '.', so the
+// text before the first '.' (namespaced) or between the dots (cluster
+// scope) gives back the instance: no two instances can render the same
+// name. A '-' suffix would break this: web's "-scc" Role would be the
+// Role of an instance named web-scc.
 type Names struct {
 	// Namespaced objects: ServiceAccount, ConfigMap, DaemonSet, Role,
 	// RoleBinding.
@@ -54,7 +63,7 @@ func NamesFor(ns, name string) Names {
 		Namespaced: AppName + "-" + name,
 		Cluster:    AppName + "." + ns + "." + name,
 	}
-	n.SCCRole = n.Namespaced + "-scc"
+	n.SCCRole = n.Namespaced + ".scc"
 	return n
 }
 
@@ -420,7 +429,7 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 	onlyKey := func(v string) string {
 		return fmt.Sprintf("variables.new%[1]s.all(k, k == variables.key || (k in variables.old%[1]s && variables.old%[1]s[k] == variables.new%[1]s[k])) && variables.old%[1]s.all(k, k == variables.key || k in variables.new%[1]s)", v)
 	}
-	return &admissionv1.ValidatingAdmissionPolicy{
+	vap := &admissionv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
 		ObjectMeta: meta,
 		Spec: admissionv1.ValidatingAdmissionPolicySpec{
@@ -473,6 +482,10 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 			},
 		},
 	}
+	// The key's owner; see owner.go.
+	vap.Spec.Variables = append(vap.Spec.Variables, ownerVariables(c.Name)...)
+	vap.Spec.Validations = append(vap.Spec.Validations, ownerValidations(key)...)
+	return vap
 }
 
 // securityContextConstraints is the part of OpenShift's SCC type that the
