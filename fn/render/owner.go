@@ -22,8 +22,8 @@ import (
 func ownerVariables(name string) []admissionv1.Variable {
 	return []admissionv1.Variable{
 		{Name: "userParts", Expression: "request.userInfo.username.split(':')"},
-		{Name: "namespace", Expression: "variables.userParts.size() == 4 && variables.userParts[0] == 'system' && variables.userParts[1] == 'serviceaccount' ? variables.userParts[2] : ''"},
-		{Name: "ownerPrefix", Expression: `'{"owner":{"namespace":"' + variables.namespace + '","name":"` + name + `",'`},
+		{Name: "agentNamespace", Expression: "variables.userParts.size() == 4 && variables.userParts[0] == 'system' && variables.userParts[1] == 'serviceaccount' ? variables.userParts[2] : ''"},
+		{Name: "ownerPrefix", Expression: `'{"owner":{"namespace":"' + variables.agentNamespace + '","name":"` + name + `",'`},
 		{Name: "oldAnnotation", Expression: "variables.key in variables.oldAnnotations ? variables.oldAnnotations[variables.key] : ''"},
 		// An annotation with an "owner" member that does not begin with
 		// this instance's prefix belongs to someone else. Inside a JSON
@@ -40,7 +40,7 @@ func ownerVariables(name string) []admissionv1.Variable {
 func ownerValidations(key string) []admissionv1.Validation {
 	return []admissionv1.Validation{
 		{
-			Expression: "variables.namespace != ''",
+			Expression: "variables.agentNamespace != ''",
 			Message:    "the image prefetcher must authenticate as its ServiceAccount: the namespace in its user name names the owner of " + key,
 		},
 		{
