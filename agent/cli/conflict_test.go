@@ -89,6 +89,9 @@ func TestFetchAdoptsAnUnownedKey(t *testing.T) {
 	if _, err := e.kube.CoreV1().Nodes().Patch(context.Background(), testNode, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The image is already there: a key that says succeeded stays so
+	// (fetch marks a key failed while it pulls missing images).
+	e.cri.AddImage("docker.io/library/x:1", 1000)
 	e.kube.ClearActions()
 	if code := e.run(e.agentArgs("fetch", "x:1")...); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, e.logs)
