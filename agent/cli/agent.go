@@ -44,6 +44,7 @@ type agentFlags struct {
 	pullPolicy            string
 	nodeName              string
 	instance              string
+	namespace             string
 	labelDomain           string
 	labelNode             bool
 	kubeconfig            string
@@ -80,6 +81,7 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.StringVar(&f.pullPolicy, "pull-policy", string(v1alpha1.PullKubelet), "Kubelet (Always for :latest or untagged, IfNotPresent otherwise), IfNotPresent or Always")
 	fs.StringVar(&f.nodeName, "node-name", getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fs.StringVar(&f.instance, "instance", getenv("INSTANCE_NAME"), "ImagePrefetcher instance name, the label key suffix (default $INSTANCE_NAME)")
+	fs.StringVar(&f.namespace, "namespace", getenv("POD_NAMESPACE"), "namespace of the ImagePrefetcher instance, recorded as the owner of the node key (default $POD_NAMESPACE)")
 	fs.StringVar(&f.labelDomain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
 	fs.BoolVar(&f.labelNode, "label-node", true, "write the node label and annotation")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster config when empty")
@@ -138,7 +140,15 @@ func (f *agentFlags) labelingMissing() string {
 	if f.instance == "" {
 		missing = append(missing, "--instance (or INSTANCE_NAME)")
 	}
-	return strings.Join(missing, " and ")
+	// The namespace names the owner of the node key: without it the agent
+	// could not tell its key from another instance's of the same name.
+	if f.namespace == "" {
+		missing = append(missing, "--namespace (or POD_NAMESPACE)")
+	}
+	if len(missing) > 1 {
+		return strings.Join(missing[:len(missing)-1], ", ") + " and " + missing[len(missing)-1]
+	}
+	return strings.Join(missing, "")
 }
 
 // agent is everything fetch and watch share once flags are parsed.
@@ -252,7 +262,8 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	a.kube, a.pod, a.namespace = client, pod, ns
 	if f.labelNode {
-		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep, StartupTaint: f.startupTaint.key}
+		owner := label.NewOwner(f.namespace, f.instance)
+		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep, StartupTaint: f.startupTaint.key}
 	}
 	a.events = &events.Recorder{Client: client, Pod: pod, PodUID: deps.Getenv("POD_UID"), Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
 

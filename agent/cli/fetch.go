@@ -82,10 +82,16 @@ func newFetch(deps *Deps) *cobra.Command {
 			}
 			if a.labeler != nil {
 				if err := a.labeler.Apply(ctx, s); err != nil {
+					if a.ownerConflict(ctx, err) {
+						// The init container fails, so that the pod shows the
+						// conflict rather than run beside a label that lies.
+						return &ExitCodeError{Code: ExitOwnerConflict, Err: errSilent}
+					}
 					a.log.Error("labeling the node failed; exiting non-zero so that the kubelet retries", "err", err)
 					return &ExitCodeError{Code: ExitError, Err: errSilent}
 				}
 				a.log.Info("node labeled", "key", a.labeler.Key, "value", s.Value())
+				a.keyWritten()
 			}
 			stopTaint()
 			a.settleTaint(ctx)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -387,10 +388,12 @@ func TestFetchUsageErrors(t *testing.T) {
 		// Labeling asked for explicitly cannot be done without knowing
 		// where; left at its default, it is skipped instead (see
 		// TestFetchReferenceManifest).
-		{"labeling asked for without node and instance", []string{"fetch", sock, "--label-node=true"}, "--label-node needs --node-name (or NODE_NAME) and --instance (or INSTANCE_NAME)"},
+		{"labeling asked for without node and instance", []string{"fetch", sock, "--label-node=true"}, "--label-node needs --node-name (or NODE_NAME), --instance (or INSTANCE_NAME) and --namespace (or POD_NAMESPACE)"},
 		{"labeling asked for as a bare flag", []string{"fetch", sock, "--label-node"}, "--label-node needs"},
-		{"labeling asked for without instance", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode}, "--label-node needs --instance (or INSTANCE_NAME)"},
-		{"labeling asked for without node", []string{"fetch", sock, "--label-node=true", "--instance=" + testInstance}, "--label-node needs --node-name (or NODE_NAME)\n"},
+		{"labeling asked for without instance", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode, "--namespace=" + testNamespace}, "--label-node needs --instance (or INSTANCE_NAME)\n"},
+		{"labeling asked for without node", []string{"fetch", sock, "--label-node=true", "--instance=" + testInstance, "--namespace=" + testNamespace}, "--label-node needs --node-name (or NODE_NAME)\n"},
+		// The namespace names the owner of the key (see agent/label's Owner).
+		{"labeling asked for without namespace", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode, "--instance=" + testInstance}, "--label-node needs --namespace (or POD_NAMESPACE)\n"},
 		{"non-positive image list timeout", []string{"fetch", sock, "--label-node=false", "--image-list-timeout=0s"}, "--image-list-timeout must be positive"},
 		// Without a bin dir, a plugin name alone would be run from $PATH.
 		{"credential provider config without bin dir", []string{"fetch", sock, "--label-node=false", "--image-credential-provider-config=" + writeList(t, "kind: CredentialProviderConfig\n")},
@@ -522,8 +525,16 @@ func TestFetchLabelingFailureExitsNonZero(t *testing.T) {
 			if code := e.run(e.agentArgs("fetch", append([]string{"x:1"}, tt.extra...)...)...); code != ExitError {
 				t.Errorf("exit %d, want %d:\n%s", code, ExitError, e.logs)
 			}
-			if patches == 0 {
+			// An unknown node fails the read of the key's owner, before
+			// any patch.
+			if tt.err != nil && patches == 0 {
 				t.Error("no patch was attempted")
+			}
+			if tt.err == nil && !slices.ContainsFunc(e.kube.Actions(), func(a k8stesting.Action) bool {
+				g, ok := a.(k8stesting.GetAction)
+				return ok && a.GetResource().Resource == "nodes" && g.GetName() == "ghost"
+			}) {
+				t.Error("the node was never asked for")
 			}
 			if !strings.Contains(e.logs.String(), "labeling the node failed") {
 				t.Errorf("logs:\n%s", e.logs)

@@ -13,9 +13,9 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
 
-// TestFetchNodeAndInstanceFromEnv: --node-name and --instance default to
-// NODE_NAME and INSTANCE_NAME, which the DaemonSet sets; a flag wins over
-// its variable. The environment is the process's own (t.Setenv, and no
+// TestFetchNodeAndInstanceFromEnv: --node-name, --instance and --namespace
+// default to NODE_NAME, INSTANCE_NAME and POD_NAMESPACE, which the
+// DaemonSet sets; a flag wins over its variable. The environment is the process's own (t.Setenv, and no
 // Getenv seam), as in production.
 func TestFetchNodeAndInstanceFromEnv(t *testing.T) {
 	tests := []struct {
@@ -23,9 +23,9 @@ func TestFetchNodeAndInstanceFromEnv(t *testing.T) {
 		env  map[string]string
 		args []string
 	}{
-		{"from the environment", map[string]string{"NODE_NAME": testNode, "INSTANCE_NAME": testInstance}, nil},
-		{"flags win", map[string]string{"NODE_NAME": "node-b", "INSTANCE_NAME": "other"}, []string{"--node-name=" + testNode, "--instance=" + testInstance}},
-		{"one of each", map[string]string{"NODE_NAME": testNode, "INSTANCE_NAME": "other"}, []string{"--instance=" + testInstance}},
+		{"from the environment", map[string]string{"NODE_NAME": testNode, "INSTANCE_NAME": testInstance, "POD_NAMESPACE": testNamespace}, nil},
+		{"flags win", map[string]string{"NODE_NAME": "node-b", "INSTANCE_NAME": "other", "POD_NAMESPACE": "elsewhere"}, []string{"--node-name=" + testNode, "--instance=" + testInstance, "--namespace=" + testNamespace}},
+		{"one of each", map[string]string{"NODE_NAME": testNode, "INSTANCE_NAME": "other", "POD_NAMESPACE": testNamespace}, []string{"--instance=" + testInstance}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,6 +43,9 @@ func TestFetchNodeAndInstanceFromEnv(t *testing.T) {
 			v, s, ok := e.state()
 			if !ok || v != "succeeded" || s.Present != 1 {
 				t.Errorf("%s on %s: label %q, summary %+v", testKey, testNode, v, s)
+			}
+			if s.Owner == nil || s.Owner.Namespace != testNamespace || s.Owner.Name != testInstance {
+				t.Errorf("owner %+v, want %s/%s", s.Owner, testNamespace, testInstance)
 			}
 			if strings.Contains(e.logs.String(), "not labeling the node") {
 				t.Errorf("labeling skipped:\n%s", e.logs)

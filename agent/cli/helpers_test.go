@@ -19,9 +19,10 @@ import (
 )
 
 const (
-	testNode     = "node-a"
-	testInstance = "demo"
-	testKey      = "image-prefetcher.stackrox.io/demo"
+	testNode      = "node-a"
+	testInstance  = "demo"
+	testKey       = "image-prefetcher.stackrox.io/demo"
+	testNamespace = "prefetch"
 )
 
 // syncBuffer is a log sink safe for concurrent writers.
@@ -99,7 +100,7 @@ func (e *env) run(args ...string) int {
 }
 
 func (e *env) agentArgs(sub string, extra ...string) []string {
-	args := []string{sub, "--cri-socket=" + e.cri.Socket, "--node-name=" + testNode, "--instance=" + testInstance,
+	args := []string{sub, "--cri-socket=" + e.cri.Socket, "--node-name=" + testNode, "--instance=" + testInstance, "--namespace=" + testNamespace,
 		"--log-level=debug", "--initial-pull-attempt-timeout=5s"}
 	return append(args, extra...)
 }

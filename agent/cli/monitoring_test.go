@@ -39,7 +39,7 @@ func TestWatchMetricsForAlerts(t *testing.T) {
 	e.cri.DeleteImage(ref)
 	waitFor(t, "label failed", e.labelIs("failed"))
 	got := scrapeHas("failed", map[string]float64{
-		`image_prefetcher_succeeded`: 0,
+		`image_prefetcher_succeeded`:                                     0,
 		`image_prefetcher_image_failed{image="app:1",reason="NotFound"}`: 1,
 	})
 	if got[`image_prefetcher_label_conflicts_total`] != 0 {

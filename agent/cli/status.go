@@ -3,14 +3,12 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/spf13/cobra"
@@ -25,6 +23,12 @@ type InstanceStatus struct {
 	Summary  *label.Summary `json:"summary,omitempty"`
 	// StartupTaint is set when the instance has a startup taint.
 	StartupTaint *TaintState `json:"startupTaint,omitempty"`
+	// Owner is the instance the key belongs to; nil for a key that names
+	// no owner. See status_owner.go.
+	Owner *label.Owner `json:"owner,omitempty"`
+	// Conflict explains why the key is not the selected instance's, or why
+	// two instances of this name hold it on different nodes.
+	Conflict string `json:"conflict,omitempty"`
 }
 
 // TaintState tells whether a node still carries an instance's startup
@@ -44,8 +48,9 @@ type NodeStatus struct {
 const stateMissing = "missing"
 
 func newStatus(deps *Deps) *cobra.Command {
-	var kubeconfig, selector, output, domain, cleanup, startupTaint string
+	var kubeconfig, selector, output, domain, cleanup, startupTaint, namespace string
 	var instances []string
+	var includeUnowned bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show each node's prefetch state; exit 1 unless every selected node is succeeded",
@@ -66,10 +71,16 @@ func newStatus(deps *Deps) *cobra.Command {
 				return fmt.Errorf("list nodes: %w", err)
 			}
 			if cleanup != "" {
-				return cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup))
+				if namespace == "" {
+					return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--cleanup needs --namespace: the key is removed only where the instance %s of that namespace owns it", cleanup)}
+				}
+				return cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup), label.NewOwner(namespace, cleanup), includeUnowned)
 			}
 			rows, allOK := Collect(nodes.Items, domain, instances)
 			addTaints(rows, nodes.Items, startupTaint)
+			if !flagConflicts(rows, namespace) {
+				allOK = false
+			}
 			if output == "json" {
 				enc := json.NewEncoder(deps.Stdout)
 				enc.SetIndent("", "  ")
@@ -92,7 +103,9 @@ func newStatus(deps *Deps) *cobra.Command {
 	fs.StringVarP(&output, "output", "o", "table", "table or json")
 	fs.StringVar(&domain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
 	fs.StringVar(&startupTaint, "startup-taint", "", "startup taint key to report on (default: the key each instance's agents record in their annotation)")
-	fs.StringVar(&cleanup, "cleanup", "", "remove this retired instance's label and annotation from every (selected) node")
+	fs.StringVar(&cleanup, "cleanup", "", "remove this retired instance's label and annotation from every (selected) node where it owns them (needs --namespace)")
+	fs.StringVar(&namespace, "namespace", "", "the instances' namespace: a key owned by another namespace is a conflict; with --cleanup, whose keys are removed")
+	fs.BoolVar(&includeUnowned, "include-unowned", false, "with --cleanup, also remove keys that name no owner (written by a release before owners, the reference agent or by hand)")
 	return cmd
 }
 
@@ -137,6 +150,9 @@ func Collect(nodes []corev1.Node, domain string, only []string) ([]NodeStatus, b
 				if s, err := label.Parse(a); err == nil {
 					st.Summary = &s
 				}
+				if o, claimed := label.Claim(a); claimed {
+					st.Owner = &o
+				}
 			}
 			if st.State != v1alpha1.LabelSucceeded {
 				ok = false
@@ -155,16 +171,16 @@ func printTable(deps *Deps, rows []NodeStatus) {
 	// the table of everyone else stays as it was.
 	taints := hasTaints(rows)
 	if taints {
-		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tSTARTUP-TAINT\tPRESENT\tFAILURES")
+		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tOWNER\tSTARTUP-TAINT\tPRESENT\tFAILURES")
 	} else {
-		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tPRESENT\tFAILURES")
+		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tOWNER\tPRESENT\tFAILURES")
 	}
 	for _, r := range rows {
 		if len(r.Instances) == 0 {
 			if taints {
-				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\t-\n", r.Node, stateMissing)
+				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\t-\t-\n", r.Node, stateMissing)
 			} else {
-				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\n", r.Node, stateMissing)
+				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\t-\n", r.Node, stateMissing)
 			}
 		}
 		for _, i := range r.Instances {
@@ -183,34 +199,12 @@ func printTable(deps *Deps, rows []NodeStatus) {
 				}
 			}
 			if taints {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, taintCell(i.StartupTaint), present, failures)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, ownerColumn(i), taintCell(i.StartupTaint), present, failures)
 			} else {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, present, failures)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, ownerColumn(i), present, failures)
 			}
 		}
 	}
 	_ = w.Flush()
-}
-
-// cleanupInstance removes a retired instance's key from every node that
-// still carries it.
-func cleanupInstance(ctx context.Context, deps *Deps, client kube.NodeClient, nodes []corev1.Node, key string) error {
-	var errs []error
-	removed := 0
-	for _, n := range nodes {
-		_, hasLabel := n.Labels[key]
-		_, hasAnn := n.Annotations[key]
-		if !hasLabel && !hasAnn {
-			continue
-		}
-		l := &label.Labeler{Nodes: client, Node: n.Name, Key: key, Sleep: deps.LabelSleep}
-		if err := l.Remove(ctx, 30*time.Second); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		removed++
-		fmt.Fprintf(deps.Stdout, "removed %s from node %s\n", key, n.Name)
-	}
-	fmt.Fprintf(deps.Stdout, "%d node(s) cleaned up\n", removed)
-	return errors.Join(errs...)
+	printConflicts(deps, rows)
 }

@@ -2,12 +2,16 @@ package cli
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
 
 func statusEnv(t *testing.T) *env {
@@ -31,11 +35,11 @@ func TestStatusTable(t *testing.T) {
 	if code := e.run("status"); code != ExitError {
 		t.Errorf("exit %d, want 1: n2 is failed and lacks db", code)
 	}
-	want := `NODE  INSTANCE  STATE      PRESENT  FAILURES
-n1    db        succeeded  2/2      -
-n1    web       succeeded  2/2      -
-n2    db        missing    -        -
-n2    web       failed     1/2      typo:1 (NotFound)
+	want := `NODE  INSTANCE  STATE      OWNER  PRESENT  FAILURES
+n1    db        succeeded  -      2/2      -
+n1    web       succeeded  -      2/2      -
+n2    db        missing    -      -        -
+n2    web       failed     -      1/2      typo:1 (NotFound)
 `
 	if got := e.stdout.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
@@ -72,7 +76,7 @@ func TestStatusJSON(t *testing.T) {
 
 func TestStatusCleanup(t *testing.T) {
 	e := statusEnv(t)
-	if code := e.run("status", "--cleanup=web"); code != 0 {
+	if code := e.run("status", "--cleanup=web", "--namespace=prefetch", "--include-unowned"); code != 0 {
 		t.Fatalf("exit %d: %s", code, e.logs)
 	}
 	if !strings.Contains(e.stdout.String(), "2 node(s) cleaned up") {
@@ -94,5 +98,117 @@ func TestVersion(t *testing.T) {
 	e := newEnv(t)
 	if code := e.run("version"); code != 0 || strings.TrimSpace(e.stdout.String()) == "" {
 		t.Errorf("exit %d output %q", code, e.stdout)
+	}
+}
+
+// ownedBy is an annotation of instance name owned by namespace ns.
+func ownedBy(ns, name, value string) string {
+	o := label.NewOwner(ns, name)
+	s := label.NewSummary(1, 1, nil, time.Second, time.Unix(0, 0))
+	if value == "failed" {
+		s = label.NewSummary(1, 0, []label.Failure{{Image: "x:1", Reason: "NotFound"}}, time.Second, time.Unix(0, 0))
+	}
+	s.Owner = &o
+	return s.Marshal()
+}
+
+// ownersEnv: instance web is owned by team-a on n1 and n2 and by team-b
+// on n3; n4 carries a key without an owner; db is team-a's alone.
+func ownersEnv(t *testing.T) *env {
+	e := newEnv(t)
+	const web, db = "image-prefetcher.stackrox.io/web", "image-prefetcher.stackrox.io/db"
+	mk := func(name string, labels, ann map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: ann}}
+	}
+	e.kube = fake.NewClientset(
+		mk("n1", map[string]string{web: "succeeded", db: "succeeded"}, map[string]string{web: ownedBy("team-a", "web", "succeeded"), db: ownedBy("team-a", "db", "succeeded")}),
+		mk("n2", map[string]string{web: "failed"}, map[string]string{web: ownedBy("team-a", "web", "failed")}),
+		mk("n3", map[string]string{web: "succeeded"}, map[string]string{web: ownedBy("team-b", "web", "succeeded")}),
+		mk("n4", map[string]string{web: "succeeded"}, map[string]string{web: `{"total":1,"present":1,"failed":[]}`}),
+	)
+	return e
+}
+
+func TestStatusShowsOwnersAndConflicts(t *testing.T) {
+	e := ownersEnv(t)
+	if code := e.run("status", "--instance=web"); code != ExitError {
+		t.Errorf("exit %d, want 1", code)
+	}
+	want := `NODE  INSTANCE  STATE      OWNER                  PRESENT  FAILURES
+n1    web       succeeded  team-a/web (conflict)  1/1      -
+n2    web       failed     team-a/web (conflict)  0/1      x:1 (NotFound)
+n3    web       succeeded  team-b/web (conflict)  1/1      -
+n4    web       succeeded  -                      1/1      -
+conflict on node n1, instance web: owned by team-a/web here and by team-b/web elsewhere: two instances share the name "web"
+conflict on node n2, instance web: owned by team-a/web here and by team-b/web elsewhere: two instances share the name "web"
+conflict on node n3, instance web: owned by team-b/web here and by team-a/web elsewhere: two instances share the name "web"
+`
+	if got := e.stdout.String(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+
+	// With the namespace, only the other owner's keys are conflicts.
+	e.stdout = &syncBuffer{}
+	if code := e.run("status", "--instance=web", "--namespace=team-b", "-o", "json"); code != ExitError {
+		t.Errorf("exit %d, want 1", code)
+	}
+	var rows []NodeStatus
+	if err := json.Unmarshal([]byte(e.stdout.String()), &rows); err != nil {
+		t.Fatalf("%v:\n%s", err, e.stdout)
+	}
+	for _, r := range rows {
+		i := r.Instances[0]
+		wantConflict := r.Node == "n1" || r.Node == "n2"
+		if (i.Conflict != "") != wantConflict {
+			t.Errorf("%s: conflict %q", r.Node, i.Conflict)
+		}
+		if r.Node == "n3" && (i.Owner == nil || *i.Owner != label.NewOwner("team-b", "web")) {
+			t.Errorf("n3 owner %+v", i.Owner)
+		}
+	}
+	e.stdout = &syncBuffer{}
+	// The instance's own keys, all succeeded, pass.
+	if code := e.run("status", "--instance=db", "--namespace=team-a", "-l", "image-prefetcher.stackrox.io/db"); code != 0 {
+		t.Errorf("exit %d:\n%s", code, e.stdout)
+	}
+}
+
+func TestStatusCleanupRemovesOnlyOwnKeys(t *testing.T) {
+	const web = "image-prefetcher.stackrox.io/web"
+	has := func(e *env, node string) bool {
+		n := e.node(node)
+		_, l := n.Labels[web]
+		_, a := n.Annotations[web]
+		return l || a
+	}
+	cases := []struct {
+		name string
+		args []string
+		kept []string
+	}{
+		{"team-a's", []string{"--namespace=team-a"}, []string{"n3", "n4"}},
+		{"team-b's", []string{"--namespace=team-b"}, []string{"n1", "n2", "n4"}},
+		{"team-a's and unowned", []string{"--namespace=team-a", "--include-unowned"}, []string{"n3"}},
+		{"another namespace's", []string{"--namespace=team-c"}, []string{"n1", "n2", "n3", "n4"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := ownersEnv(t)
+			if code := e.run(append([]string{"status", "--cleanup=web"}, tc.args...)...); code != 0 {
+				t.Fatalf("exit %d: %s", code, e.logs)
+			}
+			for _, n := range []string{"n1", "n2", "n3", "n4"} {
+				if want := slices.Contains(tc.kept, n); has(e, n) != want {
+					t.Errorf("%s: key kept %v, want %v\n%s", n, has(e, n), want, e.stdout)
+				}
+			}
+			if e.node("n1").Labels["image-prefetcher.stackrox.io/db"] != "succeeded" {
+				t.Error("cleanup touched db")
+			}
+		})
+	}
+	e := ownersEnv(t)
+	if code := e.run("status", "--cleanup=web"); code != ExitUsage || !strings.Contains(e.logs.String(), "--cleanup needs --namespace") {
+		t.Errorf("exit %d: %s", code, e.logs)
 	}
 }

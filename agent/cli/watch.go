@@ -147,6 +147,10 @@ func (a *agent) removeLabel(ctx context.Context, deadline time.Time) error {
 	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	if err := a.labeler.Remove(rctx, time.Until(deadline)); err != nil {
+		if label.IsOwnerConflict(err) {
+			a.log.Info("not removing the node label: it belongs to another instance of the same name", "err", err)
+			return nil
+		}
 		a.log.Error("removing the node label failed", "err", err)
 		return &ExitCodeError{Code: ExitError, Err: errSilent}
 	}
@@ -192,6 +196,9 @@ func (a *agent) reconcile(ctx context.Context, s label.Summary) {
 }
 
 func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
+	// Compared with the owner: an unowned key with the right value is
+	// rewritten once, to adopt it.
+	s.Owner = a.labeler.Owner
 	value, cur, ok, err := a.labeler.Current(ctx)
 	if ctx.Err() != nil {
 		return
@@ -212,6 +219,9 @@ func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 	}
 	a.log.Info("label drifted; rewriting it", "was", value, "now", s.Value(), "summary", s.Text())
 	if err := a.labeler.Apply(ctx, s); err != nil {
+		if a.ownerConflict(ctx, err) {
+			return
+		}
 		if ctx.Err() != nil {
 			a.log.Info("label rewrite abandoned: terminating", "err", err)
 			return
@@ -219,6 +229,7 @@ func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 		a.log.Error("labeling the node failed; will retry at the next check", "err", err)
 		return
 	}
+	a.keyWritten()
 	a.written = &s
 	a.events.Record(ctx, s.FailureCount() == 0, s.Text())
 }

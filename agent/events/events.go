@@ -20,6 +20,9 @@ import (
 const (
 	ReasonPrefetched     = "Prefetched"
 	ReasonPrefetchFailed = "PrefetchFailed"
+	// ReasonInstanceConflict: the node key belongs to another instance of
+	// the same name, in another namespace; this one leaves it alone.
+	ReasonInstanceConflict = "InstanceConflict"
 )
 
 // maxMessage is the API server's limit on an Event message.
@@ -50,7 +53,8 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 	r.Emit(ctx, typ, reason, message)
 }
 
-// Emit creates one Event of any type and reason, logging failures.
+// Emit creates one Event of the given type and reason. Like Record, it
+// logs failures and never returns them.
 func (r *Recorder) Emit(ctx context.Context, typ, reason, message string) {
 	log := r.Log
 	if log == nil {

@@ -16,7 +16,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -48,6 +47,9 @@ type Failure struct {
 
 // Summary is the annotation value: what the last check found.
 type Summary struct {
+	// Owner comes first: the admission policy reads it as a prefix (see
+	// Owner.Prefix).
+	Owner           *Owner    `json:"owner,omitempty"`
 	Total           int       `json:"total"`
 	Present         int       `json:"present"`
 	Failed          []Failure `json:"failed"`
@@ -126,6 +128,9 @@ func (s Summary) Text() string {
 // Same reports whether two summaries describe the same state, ignoring
 // when and how fast they were computed.
 func (s Summary) Same(o Summary) bool {
+	if (s.Owner == nil) != (o.Owner == nil) || s.Owner != nil && *s.Owner != *o.Owner {
+		return false
+	}
 	if s.Total != o.Total || s.Present != o.Present || s.OmittedFailures != o.OmittedFailures || len(s.Failed) != len(o.Failed) {
 		return false
 	}
@@ -170,6 +175,10 @@ type Labeler struct {
 	Nodes kube.NodeClient
 	Node  string
 	Key   string
+	// Owner, when set, is written into the annotation, and a key that
+	// belongs to another instance is never written or removed (see
+	// owner.go). Without it the key is written whoever holds it.
+	Owner *Owner
 	Log   *slog.Logger
 	// RetryFor bounds the retries of transient API errors (2m by default).
 	RetryFor time.Duration
@@ -196,6 +205,7 @@ func (l *Labeler) Apply(ctx context.Context, s Summary) error {
 	if l.StartupTaint != "" {
 		s.StartupTaint = l.StartupTaint
 	}
+	s.Owner = l.Owner
 	patch := map[string]any{"metadata": map[string]any{
 		"labels":      map[string]any{l.Key: s.Value()},
 		"annotations": map[string]any{l.Key: s.Marshal()},
@@ -284,7 +294,7 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		// ctx's own deadline, if any, still bounds it.
 		timeout := min(l.attemptTimeout(), max(time.Until(deadline), time.Second))
 		actx, cancel := context.WithTimeout(ctx, timeout)
-		_, err = l.Nodes.Patch(actx, l.Node, types.MergePatchType, body, metav1.PatchOptions{})
+		err = l.send(actx, body)
 		cancel()
 		if err == nil {
 			return nil
@@ -314,7 +324,7 @@ func Retryable(err error) bool {
 		apierrors.IsBadRequest(err), apierrors.IsNotFound(err), apierrors.IsMethodNotSupported(err),
 		apierrors.IsUnsupportedMediaType(err):
 		return false
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled), IsOwnerConflict(err):
 		return false
 	}
 	return true

@@ -26,6 +26,9 @@ type Metrics struct {
 	PullBytes    prometheus.Counter
 	Attempts     *prometheus.CounterVec
 	LastSuccess  prometheus.Gauge
+	// OwnerConflict is 1 while the node key belongs to another instance of
+	// the same name (see agent/label's Owner).
+	OwnerConflict prometheus.Gauge
 	// Succeeded, ImageFailed, SlotWaiting, SlotWait and LabelConflicts are
 	// what the PrometheusRule's alerts and the Grafana dashboard read
 	// (docs/monitoring.md).
@@ -60,6 +63,9 @@ func New() *Metrics {
 		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
 		}),
+		OwnerConflict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "image_prefetcher_owner_conflict", Help: "1 while this instance's node key belongs to another instance of the same name in another namespace, which this one leaves alone; 0 once it wrote the key.",
+		}),
 	}
 	m.StartupTaintRemovals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "image_prefetcher_startup_taint_removals_total", Help: "Startup taints removed from the node, by reason: StartupTaintRemoved (every image present) or StartupTaintTimeout (maxWait passed with images missing).",
@@ -81,7 +87,7 @@ func New() *Metrics {
 		Name: "image_prefetcher_label_conflicts_total", Help: "Times this instance's node label or annotation was found changed by another writer since the agent wrote it.",
 	})
 	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess,
-		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals)
+		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals, m.OwnerConflict)
 	return m
 }
 

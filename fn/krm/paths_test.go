@@ -35,15 +35,17 @@ func TestPathsAreUniquePerInstance(t *testing.T) {
 		// kpt each intent stays, its expansion in a file next to it.
 		files []string
 	}{
+		// Same-name instances are an error in one ResourceList (see
+		// samename.go); across packages the file names still differ.
 		{
-			name:  "same name, two namespaces, one file",
-			items: prefetcher("team-1", "a", "prefetchers.yaml", 0) + prefetcher("team-2", "a", "prefetchers.yaml", 1),
-			files: []string{"prefetchers.yaml", "image-prefetcher.team-1.a.yaml", "image-prefetcher.team-2.a.yaml"},
+			name:  "two namespaces, one file",
+			items: prefetcher("team-1", "a", "prefetchers.yaml", 0) + prefetcher("team-2", "b", "prefetchers.yaml", 1),
+			files: []string{"prefetchers.yaml", "image-prefetcher.team-1.a.yaml", "image-prefetcher.team-2.b.yaml"},
 		},
 		{
-			name:  "same name, two namespaces, two files in one directory",
-			items: prefetcher("team-1", "a", "apps/one.yaml", 0) + prefetcher("team-2", "a", "apps/two.yaml", 0),
-			files: []string{"apps/one.yaml", "apps/image-prefetcher.team-1.a.yaml", "apps/two.yaml", "apps/image-prefetcher.team-2.a.yaml"},
+			name:  "two namespaces, two files in one directory",
+			items: prefetcher("team-1", "a", "apps/one.yaml", 0) + prefetcher("team-2", "b", "apps/two.yaml", 0),
+			files: []string{"apps/one.yaml", "apps/image-prefetcher.team-1.a.yaml", "apps/two.yaml", "apps/image-prefetcher.team-2.b.yaml"},
 		},
 		{
 			// Joined with '-', these two would both be image-prefetcher-a-b-c.

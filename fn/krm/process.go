@@ -216,6 +216,10 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 		return items, results
 	}
 
+	if rs := sameNames(exps); len(rs) > 0 {
+		return items, append(results, rs...)
+	}
+
 	// Identities of everything rendered now: an earlier rendering of the
 	// same object is dropped; any other object with that identity is a
 	// conflict.

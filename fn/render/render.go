@@ -36,6 +36,15 @@ const (
 )
 
 // Names of the rendered objects of an instance.
+//
+// The rule that keeps them apart: every namespaced object of instance N is
+// named image-prefetcher-N, or image-prefetcher-N.<suffix> for a second
+// object of a kind; every cluster-scoped one image-prefetcher.<ns>.N.
+// Instance names and namespaces are DNS labels, which hold no '.', so the
+// text before the first '.' (namespaced) or between the dots (cluster
+// scope) gives back the instance: no two instances can render the same
+// name. A '-' suffix would break this: web's "-scc" Role would be the
+// Role of an instance named web-scc.
 type Names struct {
 	// Namespaced objects: ServiceAccount, DaemonSet, Role, RoleBinding.
 	Namespaced string
@@ -59,8 +68,8 @@ func NamesFor(ns, name string) Names {
 		Namespaced: AppName + "-" + name,
 		Cluster:    AppName + "." + ns + "." + name,
 	}
-	n.SCCRole = n.Namespaced + "-scc"
-	n.ImageList = n.Namespaced + "-images"
+	n.SCCRole = n.Namespaced + ".scc"
+	n.ImageList = n.Namespaced + ".images"
 	return n
 }
 
@@ -499,6 +508,9 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 			},
 		},
 	}
+	// The key's owner; see owner.go.
+	p.Spec.Variables = append(p.Spec.Variables, ownerVariables(c.Name)...)
+	p.Spec.Validations = append(p.Spec.Validations, ownerValidations(key)...)
 	p.Spec.Variables = append(p.Spec.Variables, c.startupTaintVariables()...)
 	p.Spec.Validations = append(p.Spec.Validations, c.startupTaintValidations()...)
 	return p

@@ -227,8 +227,8 @@ func Test09TwoInstances(t *testing.T) {
 				cm = o.GetName()
 			}
 		}
-		if !strings.HasPrefix(cm, "image-prefetcher-"+inst+"-") {
-			t.Errorf("instance %s: ConfigMap %q, want image-prefetcher-%s-<hash>", inst, cm, inst)
+		if !strings.HasPrefix(cm, "image-prefetcher-"+inst+".images-") {
+			t.Errorf("instance %s: ConfigMap %q, want image-prefetcher-%s.images-<hash>", inst, cm, inst)
 		}
 		w := []string{
 			"ClusterRole /image-prefetcher." + ns + "." + inst,

@@ -72,7 +72,7 @@ func (i intent) outputFile() string {
 // function.
 func (i intent) objects() []string {
 	ns, n := i.namespace+"/image-prefetcher-"+i.name, "image-prefetcher."+i.namespace+"."+i.name
-	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns + "-images", "DaemonSet " + ns}
+	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns + ".images", "DaemonSet " + ns}
 	if i.nodeLabel {
 		objs = append(objs, "ClusterRole "+n, "ClusterRoleBinding "+n)
 		if i.admission {
@@ -80,7 +80,7 @@ func (i intent) objects() []string {
 		}
 	}
 	if i.flavor == "ocp" {
-		objs = append(objs, "SecurityContextConstraints "+n, "Role "+ns+"-scc", "RoleBinding "+ns+"-scc")
+		objs = append(objs, "SecurityContextConstraints "+n, "Role "+ns+".scc", "RoleBinding "+ns+".scc")
 	}
 	slices.Sort(objs)
 	return objs
@@ -198,7 +198,7 @@ func (p inplacePackage) check(t *testing.T, dir string) {
 				if want := strings.Join(i.images, "\n") + "\n"; list != want {
 					t.Errorf("%s: ConfigMap lists\n%s\nwant\n%s", name, list, want)
 				}
-			case o.GetKind() == "Role" && !strings.HasSuffix(o.GetName(), "-scc"):
+			case o.GetKind() == "Role" && !strings.HasSuffix(o.GetName(), ".scc"):
 				text := fmt.Sprint(o.Object["rules"])
 				slots := strings.Count(text, i.name+"-slot-")
 				if slots != i.maxConcurrentNodes {

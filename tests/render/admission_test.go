@@ -123,6 +123,14 @@ func TestAdmissionPolicyOnAPIServer(t *testing.T) {
 	}
 
 	const key = "image-prefetcher.stackrox.io/demo"
+	// The annotation as the agent writes it: its owner first (see
+	// agent/label's Owner), the namespace the ServiceAccount's.
+	owned := func(ns string) string {
+		return fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","id":"x"},"total":1}`, ns)
+	}
+	withAnnotation := func(ann string) string {
+		return fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:%q}}}`, key, key, ann)
+	}
 	cases := []struct {
 		name    string
 		as      string
@@ -130,7 +138,10 @@ func TestAdmissionPolicyOnAPIServer(t *testing.T) {
 		patch   string
 		allowed bool
 	}{
-		{"own label and annotation", "node-a", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:"{\"total\":1}"}}}`, key, key), true},
+		{"own label and annotation", "node-a", "node-a", withAnnotation(owned("prefetch")), true},
+		{"an annotation without an owner", "node-a", "node-a", withAnnotation(`{"total":1}`), false},
+		{"an annotation naming another namespace", "node-a", "node-a", withAnnotation(owned("other")), false},
+		{"an annotation naming two owners", "node-a", "node-a", withAnnotation(strings.TrimSuffix(owned("prefetch"), "}") + `,"owner":{"namespace":"other","name":"demo","id":"y"}}`), false},
 		{"label to failed", "node-a", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"}}}`, key), true},
 		{"remove both", "node-a", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}}}`, key, key), true},
 		{"label value outside the set", "node-a", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"maybe"}}}`, key), false},
@@ -250,7 +261,10 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 		patch   string
 		allowed bool
 	}{
-		{"own label", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"}}}`, key), true},
+		// The owner's namespace is the one kustomize moved the agent to:
+		// the policy reads it from the ServiceAccount's user name.
+		{"own label", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:"{\"owner\":{\"namespace\":\"moved\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), true},
+		{"owned by the namespace before the move", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:"{\"owner\":{\"namespace\":\"prefetch\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), false},
 		{"another label", "node-a", `{"metadata":{"labels":{"pool":"z"}}}`, false},
 		{"another node", "node-b", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"}}}`, key), false},
 	} {

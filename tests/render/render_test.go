@@ -173,7 +173,7 @@ func TestKustomizeGenerator(t *testing.T) {
 	if strings.Contains(s, "needs-hash") || strings.Contains(s, "config.kubernetes.io/") || strings.Contains(s, "kind: ImagePrefetcher") {
 		t.Errorf("function or config annotations, or the config itself, leaked into the output:\n%s", s)
 	}
-	if !strings.Contains(s, "      - configMap:\n          name: image-prefetcher-demo-") {
+	if !strings.Contains(s, "      - configMap:\n          name: image-prefetcher-demo.images-") {
 		t.Errorf("the DaemonSet does not mount the hash-suffixed ConfigMap:\n%s", s)
 	}
 }

@@ -184,7 +184,7 @@ patches:
 	// The list combines the patched inline image and the generated
 	// ConfigMap, found under its original name after namePrefix; a comment
 	// line names each source.
-	cm := find(t, m, "ConfigMap", "image-prefetcher-dev-demo-images")
+	cm := find(t, m, "ConfigMap", "image-prefetcher-dev-demo.images")
 	if got, want := cm.GetDataMap()["images.txt"], "# spec.images\nregistry.k8s.io/pause:3.10\n# ConfigMap dev/images key \"images.txt\"\ndocker.io/library/debian:bookworm\nquay.io/prometheus/busybox:latest\n"; got != want {
 		t.Errorf("images.txt:\n%s\nwant\n%s", got, want)
 	}
@@ -300,7 +300,7 @@ spec:
 			t.Error("the generator's config is in the output")
 		}
 	}
-	if !strings.HasPrefix(cmName, "image-prefetcher-demo-images-") {
+	if !strings.HasPrefix(cmName, "image-prefetcher-demo.images-") {
 		t.Fatalf("ConfigMap %q has no hash suffix", cmName)
 	}
 	ds := find(t, m, "DaemonSet", "image-prefetcher-demo")

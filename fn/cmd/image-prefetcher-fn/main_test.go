@@ -238,6 +238,9 @@ var errorCases = []struct {
 	{name: "workloads-select-nothing", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{namespace: missing}]\n", asItem: true},
 	{name: "duplicate-instance", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- " + strings.ReplaceAll(strings.TrimSpace(baseMeta+"spec:\n  images: [busybox]"), "\n", "\n  ") + "\n"},
+	// One node key per name, whatever the namespace: both are named.
+	{name: "same-name-two-namespaces", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
+		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: demo\n    namespace: team-b\n  spec:\n    images: [busybox]\n"},
 }
 
 func indent(s, pad string) string {

@@ -1,0 +1,64 @@
+package krm
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kptdev/krm-functions-sdk/go/fn"
+)
+
+// TestSameNameIsAnError: instances of one name share the node key, so two
+// of them in one ResourceList are an error naming both, whatever their
+// namespaces and in every mode; the items are left as they were.
+func TestSameNameIsAnError(t *testing.T) {
+	prefetcher := func(ns, name string, kpt bool) string {
+		ann := ""
+		if kpt {
+			ann = "\n    annotations:\n      internal.config.kubernetes.io/path: 'p.yaml'\n      internal.config.kubernetes.io/index: '0'"
+		}
+		return fmt.Sprintf("- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: %s\n    namespace: %s%s\n  spec:\n    images: [debian:bookworm]\n", name, ns, ann)
+	}
+	cases := []struct {
+		name  string
+		items string
+		// want are the errors' messages (parts of), one per error.
+		want []string
+	}{
+		{"two namespaces", prefetcher("team-a", "web", false) + prefetcher("team-b", "web", false),
+			[]string{"ImagePrefetcher team-b/web has the name of ImagePrefetcher team-a/web: instances of one name share the node label and annotation image-prefetcher.stackrox.io/web"}},
+		{"three namespaces", prefetcher("team-a", "web", false) + prefetcher("team-b", "web", false) + prefetcher("team-c", "web", false),
+			[]string{"team-b/web has the name of ImagePrefetcher team-a/web", "team-c/web has the name of ImagePrefetcher team-a/web"}},
+		{"kpt package", prefetcher("team-a", "web", true) + prefetcher("team-b", "web", true),
+			[]string{"team-b/web has the name of ImagePrefetcher team-a/web"}},
+		{"same namespace too", prefetcher("team-a", "web", false) + prefetcher("team-a", "web", false),
+			[]string{"renders ServiceAccount team-a/image-prefetcher-web, which ImagePrefetcher team-a/web also renders"}},
+		{"other names", prefetcher("team-a", "web", false) + prefetcher("team-b", "web-2", false), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n" + tc.items
+			out, results, err := Run([]byte(in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var errs []*fn.Result
+			for _, r := range results {
+				if r.Severity == fn.Error {
+					errs = append(errs, r)
+				}
+			}
+			if len(errs) != len(tc.want) {
+				t.Fatalf("%d errors, want %d: %v", len(errs), len(tc.want), results)
+			}
+			for i, r := range errs {
+				if !strings.Contains(r.Message, tc.want[i]) || r.Field == nil || r.Field.Path != "metadata.name" || r.ResourceRef == nil {
+					t.Errorf("error %d: %+v, want %q at metadata.name", i, r, tc.want[i])
+				}
+			}
+			if len(tc.want) > 0 && strings.Contains(string(out), "kind: DaemonSet") {
+				t.Errorf("rendered despite the error:\n%s", out)
+			}
+		})
+	}
+}
