@@ -66,6 +66,9 @@ type Options struct {
 	// labeled e2e.image-prefetcher.io/node=node-<i+1> and
 	// e2e.image-prefetcher.io/pool=pool-<a|b|...>.
 	NodeLabels func(i int) map[string]string
+	// NodeRuntime gives node i's container runtime; by default every node
+	// runs Containerd16.
+	NodeRuntime func(i int) Runtime
 	// BaseDir holds one directory per run. Default $IMAGE_PREFETCHER_E2E_DIR
 	// or /tmp/ipf-e2e.
 	BaseDir string
@@ -185,6 +188,13 @@ func preflight(opts Options) error {
 	for _, t := range tools {
 		if _, err := exec.LookPath(t); err != nil {
 			missing = append(missing, fmt.Sprintf("%s (not in PATH: run `make host-deps`)", t))
+		}
+	}
+	for i := range opts.Nodes {
+		if opts.NodeRuntime != nil {
+			if err := checkRuntime(opts.NodeRuntime(i)); err != nil {
+				missing = append(missing, err.Error())
+			}
 		}
 	}
 	if opts.Nodes > 0 {
