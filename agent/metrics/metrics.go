@@ -26,6 +26,9 @@ type Metrics struct {
 	PullBytes    prometheus.Counter
 	Attempts     *prometheus.CounterVec
 	LastSuccess  prometheus.Gauge
+	// UnclassifiedErrors counts pull errors the classifier did not
+	// recognise (retried as transient; the log has each text once).
+	UnclassifiedErrors prometheus.Counter
 }
 
 // New registers the collectors.
@@ -49,12 +52,18 @@ func New() *Metrics {
 			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
 		}),
 	}
-	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess)
+	m.UnclassifiedErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "image_prefetcher_unclassified_pull_errors_total", Help: "Pull errors no classifier rule recognised; retried as transient and logged once each as unclassified.",
+	})
+	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess, m.UnclassifiedErrors)
 	return m
 }
 
 // Attempt counts one pull attempt.
 func (m *Metrics) Attempt(c pull.Class) { m.Attempts.WithLabelValues(string(c)).Inc() }
+
+// Unclassified counts one pull error no classifier rule recognised.
+func (m *Metrics) Unclassified() { m.UnclassifiedErrors.Inc() }
 
 // Pulled records one successful pull.
 func (m *Metrics) Pulled(_ string, d time.Duration, bytes uint64) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
@@ -44,6 +45,13 @@ func (NoGate) Acquire(context.Context) (func(), error) { return func() {}, nil }
 type Observer interface {
 	Attempt(class Class)
 	Pulled(image string, d time.Duration, bytes uint64)
+}
+
+// UnclassifiedCounter is an Observer that also counts the errors no
+// classifier rule recognised (see Explain). Optional, so that existing
+// observers need not change.
+type UnclassifiedCounter interface {
+	Unclassified()
 }
 
 type nopObserver struct{}
@@ -150,6 +158,10 @@ type Result struct {
 type Puller struct {
 	rt  Runtime
 	cfg Config
+
+	mu sync.Mutex
+	// logged holds the unclassified messages already logged in full.
+	logged map[string]bool
 }
 
 // New returns a Puller.
@@ -352,8 +364,12 @@ func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool
 		j.log.Info("pulled", "attempts", r.Attempts, "duration", r.Duration.Round(time.Millisecond), "bytes", r.Bytes)
 		return 0, false
 	}
-	class, reason := Classify(d.err)
+	v := Explain(d.err)
+	class, reason := v.Class, v.Reason
 	p.cfg.Observer.Attempt(class)
+	if v.Unclassified() {
+		p.unclassified(j, d.err)
+	}
 	j.lastErr, j.lastReason = d.err, reason
 	if ctx.Err() != nil {
 		p.giveUp(ctx, j)
@@ -371,6 +387,28 @@ func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool
 	j.delay = Doubling(j.delay, p.cfg.MaxDelay)
 	j.attemptTimeout = Doubling(j.attemptTimeout, p.cfg.MaxAttemptTimeout)
 	return wait, true
+}
+
+// unclassified counts an error no rule recognised and logs its full text the
+// first time it is seen, so that a runtime's new wording can be added to
+// the classifier (docs/agent.md) without flooding the log on every retry.
+func (p *Puller) unclassified(j *job, err error) {
+	if c, ok := p.cfg.Observer.(UnclassifiedCounter); ok {
+		c.Unclassified()
+	}
+	msg := err.Error()
+	p.mu.Lock()
+	first := !p.logged[msg]
+	if first {
+		if p.logged == nil {
+			p.logged = map[string]bool{}
+		}
+		p.logged[msg] = true
+	}
+	p.mu.Unlock()
+	if first {
+		j.log.Warn("unclassified pull error: retried as transient", "class", "unclassified", "err", msg)
+	}
 }
 
 // giveUp reports a failed image. A permanent reason is kept even when the
