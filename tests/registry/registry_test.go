@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -369,5 +370,32 @@ func TestOpenEndedRange(t *testing.T) {
 				t.Errorf("Range %s: %d bytes, want %d", tc.header, len(body), len(tc.wantBody))
 			}
 		})
+	}
+}
+
+func TestRedirectBlobsToAnExpiredObjectStore(t *testing.T) {
+	f := newFixture(t)
+	store := &registry.ExpiredObjectStore{}
+	srv := &http.Server{Handler: store}
+	l, err := newLoopbackListener()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	f.reg.RedirectBlobs(registry.Match{Repo: "app"}, "http://"+l.Addr().String(), 1)
+
+	path := "/v2/app/blobs/" + f.layer.String()
+	code, _, body := f.get(t, http.DefaultClient, path)
+	if code != http.StatusForbidden || !strings.Contains(string(body), "AccessDenied") || store.Requests() != 1 {
+		t.Fatalf("first GET: %d %q after %d object store requests, want the store's 403 AccessDenied", code, body, store.Requests())
+	}
+	// The redirect is for the first GET only: the next one gets the blob.
+	if code, _, body := f.get(t, http.DefaultClient, path); code != http.StatusOK || len(body) < 256<<10 {
+		t.Fatalf("second GET: %d, %d bytes", code, len(body))
+	}
+	// Manifests are never redirected.
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/app/manifests/v1"); code != http.StatusOK {
+		t.Fatalf("manifest GET: %d", code)
 	}
 }
