@@ -142,9 +142,14 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 type Result struct {
 	// Image is the reference as written in the list.
 	Image string
-	// Normalized is the kubelet's form, used for every CRI call.
+	// Normalized is the fully qualified form, for de-duplication, display
+	// and credential lookup (as the kubelet looks credentials up).
 	Normalized string
-	Present    bool
+	// Ref is what every CRI call asks for: the reference the kubelet sends
+	// for Image in a pod spec (imagelist.KubeletRef), so that CRI-O
+	// resolves a short name through its aliases exactly as for the pods.
+	Ref     string
+	Present bool
 	// Pulled is true when this run pulled the image.
 	Pulled   bool
 	Attempts int
@@ -181,6 +186,9 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 	var todo []int
 	for i, e := range entries {
 		r := Result{Image: e.Ref, Normalized: e.Normalized}
+		if e.Err == nil {
+			r.Ref, e.Err = imagelist.KubeletRef(e.Ref)
+		}
 		if e.Err != nil {
 			r.Reason, r.Message = ReasonInvalidReference, e.Err.Error()
 			results[i] = r
@@ -224,7 +232,7 @@ func (p *Puller) needsPull(ctx context.Context, r *Result, policy v1alpha1.PullP
 			return true
 		}
 	}
-	info, err := p.rt.ImageStatus(ctx, r.Normalized)
+	info, err := p.rt.ImageStatus(ctx, r.Ref)
 	if err != nil {
 		p.cfg.Log.Warn("image status failed; pulling", "image", r.Normalized, "err", err)
 		return true
@@ -343,9 +351,9 @@ func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
 	if !j.lookedUp {
 		j.auths, j.lookedUp = p.cfg.Creds.Lookup(ctx, j.r.Normalized), true
 	}
-	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, j.auths, j.attemptTimeout)}
+	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Ref, j.auths, j.attemptTimeout)}
 	if d.err == nil {
-		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
+		if info, err := p.rt.ImageStatus(ctx, j.r.Ref); err == nil && info != nil {
 			d.bytes = info.Size
 		}
 	}

@@ -27,6 +27,7 @@ func (f *failingRuntime) ImageStatus(context.Context, string) (*cri.ImageInfo, e
 func (f *failingRuntime) PullImage(_ context.Context, ref string, _ *cri.Auth) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	ref = containerdRef(ref)
 	f.pulls[ref]++
 	return "", f.errs[ref]
 }
