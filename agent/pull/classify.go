@@ -102,7 +102,7 @@ var rules = []rule{
 	{"blob-denied", Transient, ReasonForbidden, matches(blobDenied)},
 	{"invalid-reference", Permanent, ReasonInvalidReference, contains("invalid reference format", "repository name must be lowercase", "cannot parse input")},
 	{"short-name", Permanent, ReasonShortNameUnresolved, contains("did not resolve to an alias")},
-	{"platform", Permanent, ReasonPlatformMismatch, contains("no match for platform", "no image found in manifest list for architecture")},
+	{"platform", Permanent, ReasonPlatformMismatch, contains("no match for platform", "no image found in manifest list for architecture", "no image found in image index for architecture")},
 	{"unsupported-format", Permanent, ReasonUnsupported, contains("schema 1 image manifests are no longer supported", "is no longer supported since containerd", "unsupported media type", "unsupported MIME type")},
 	{"verifier", Permanent, ReasonRejected, contains("image verifier")},
 	{"unauthorized", Permanent, ReasonUnauthorized, matches(unauthorized)},

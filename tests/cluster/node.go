@@ -204,7 +204,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 // prepare writes the node's configuration, creates its cgroups and starts
 // the process that holds its mount namespace.
 func (n *Node) prepare(ctx context.Context) error {
-	for _, d := range []string{"run", "crio-run", "containerd", "opt", "kubelet", "pod-logs", "varlog", "varlib", "cni/net.d", "cni/ipam", "certs.d"} {
+	for _, d := range []string{"run", "crio-run", "containerd", "opt", "kubelet", "pod-logs", "varlog", "varlib", "cni/net.d", "cni/ipam", "certs.d", "image-verifiers"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
 		}

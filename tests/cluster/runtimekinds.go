@@ -160,9 +160,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+
+[plugins."io.containerd.image-verifier.v1.bindir"]
+  bin_dir = %[7]q
 `, filepath.Join(n.Dir, "containerd"), NodeSocketPath, filepath.Join(n.Dir, "opt"), PauseImage,
-		filepath.Join(n.Dir, "cni", "net.d"), filepath.Join(n.Dir, "certs.d"))
+		filepath.Join(n.Dir, "cni", "net.d"), filepath.Join(n.Dir, "certs.d"), n.VerifierDir())
 }
+
+// VerifierDir is containerd 2.x's image-verifier bindir: every executable
+// put there is asked about each pull (empty: every pull is allowed).
+func (n *Node) VerifierDir() string { return filepath.Join(n.Dir, "image-verifiers") }
 
 // crioConfig is crio.conf for a CRI-O node: every path CRI-O writes is the
 // node's own, storage is vfs (no overlay-in-overlay surprises), cgroups
@@ -207,6 +214,8 @@ monitor_path = "/usr/bin/conmon"
 
 [crio.image]
 pause_image = %[12]q
+# The harness's pause image runs its binary from here (tests/cluster/pause.go).
+pause_command = "/usr/local/bin/pause"
 signature_policy = %[13]q
 signature_policy_dir = %[14]q
 big_files_temporary_dir = %[15]q
@@ -242,7 +251,9 @@ func (n *Node) crioFiles() map[string]string {
 		"registries.conf":         reg.String(),
 		"registries.conf.d/.keep": "",
 		"crio.conf.d/.keep":       "",
-		"policy.json":             `{"default": [{"type": "insecureAcceptAnything"}]}` + "\n",
+		// big_files_temporary_dir must exist.
+		"crio/tmp/.keep": "",
+		"policy.json":    `{"default": [{"type": "insecureAcceptAnything"}]}` + "\n",
 	}
 }
 

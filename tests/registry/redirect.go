@@ -66,3 +66,25 @@ func (s *ExpiredObjectStore) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?>` + "\n" +
 		`<Error><Code>AccessDenied</Code><Message>Request has expired</Message><X-Amz-Expires>600</X-Amz-Expires></Error>`))
 }
+
+// Stalled is how many GETs the stall rule added with exactly m have held
+// so far (held now or released), so that a test can act while a pull is
+// mid-way: a held request is only in Requests once it ends.
+func (r *Registry) Stalled(m Match) int {
+	m.Kind = Blobs
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	total := 0
+	for _, s := range r.stalls {
+		if s.match != m {
+			continue
+		}
+		for _, seen := range s.seen {
+			if s.n > 0 {
+				seen = min(seen, s.n)
+			}
+			total += seen
+		}
+	}
+	return total
+}
