@@ -88,3 +88,24 @@ func (r *Registry) Stalled(m Match) int {
 	}
 	return total
 }
+
+// challengeBase answers the API base (/v2/) the way a registry with
+// protected repositories does: 401 with a Basic challenge to a client that
+// sent no credentials. Clients that ping first, as CRI-O's containers/image
+// does, learn there that they may send credentials, and send them only then;
+// anonymous clients go on to public repositories as before. It reports
+// whether it answered.
+func (r *Registry) challengeBase(w http.ResponseWriter, req *http.Request) bool {
+	if req.URL.Path != "/v2/" {
+		return false
+	}
+	r.mu.Lock()
+	protected := len(r.auth) > 0
+	r.mu.Unlock()
+	if !protected || req.Header.Get("Authorization") != "" {
+		return false
+	}
+	w.Header().Set("WWW-Authenticate", `Basic realm="image-prefetcher-e2e"`)
+	writeError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required")
+	return true
+}

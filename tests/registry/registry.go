@@ -318,6 +318,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.mu.Unlock()
 	}()
 
+	if r.challengeBase(cw, req) {
+		return
+	}
 	rt, isRoute := parseRoute(req.URL.Path)
 	key := req.URL.Path
 	if isRoute {

@@ -399,3 +399,22 @@ func TestRedirectBlobsToAnExpiredObjectStore(t *testing.T) {
 		t.Fatalf("manifest GET: %d", code)
 	}
 }
+
+func TestBaseChallengesOnlyWhileRepositoriesAreProtected(t *testing.T) {
+	f := newFixture(t)
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/"); code != http.StatusOK {
+		t.Fatalf("/v2/ without protected repositories: %d, want 200", code)
+	}
+	f.reg.RequireAuth("private/*", "u", "p")
+	code, h, _ := f.get(t, http.DefaultClient, "/v2/")
+	if code != http.StatusUnauthorized || !strings.HasPrefix(h.Get("WWW-Authenticate"), "Basic ") {
+		t.Fatalf("/v2/ with a protected repository: %d %q, want 401 with a Basic challenge", code, h.Get("WWW-Authenticate"))
+	}
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/", "u", "p"); code != http.StatusOK {
+		t.Fatalf("/v2/ with credentials: %d, want 200", code)
+	}
+	// Public repositories stay anonymous.
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/app/manifests/v1"); code != http.StatusOK {
+		t.Fatalf("public manifest: %d", code)
+	}
+}
