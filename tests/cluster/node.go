@@ -46,6 +46,8 @@ type Node struct {
 	ShortNameAliases map[string]string
 	holderPID        int
 	cniNet           string
+	// runcPath is the runc CRI-O runs (crioruntime.go).
+	runcPath string
 }
 
 // NodeSocketPath is the CRI socket path inside every node (what rendered
@@ -211,6 +213,13 @@ func (n *Node) prepare(ctx context.Context) error {
 	}
 	if err := n.createCgroups(); err != nil {
 		return err
+	}
+	if n.Runtime == CRIO {
+		p, err := RuncNoHugetlb(ctx)
+		if err != nil {
+			return err
+		}
+		n.runcPath = p
 	}
 	cfgName, cfg := n.runtimeConfig()
 	files := map[string]string{

@@ -207,7 +207,7 @@ apparmor_profile = ""
 selinux = false
 
 [crio.runtime.runtimes.runc]
-runtime_path = "/usr/sbin/runc"
+runtime_path = %[17]q
 runtime_type = "oci"
 runtime_root = "/run/crio/runc"
 monitor_path = "/usr/bin/conmon"
@@ -228,7 +228,7 @@ plugin_dirs = ["/usr/lib/cni"]
 		n.CRISocket, filepath.Join(d, "ns"), RuntimeBinary(CRIO, "pinns"),
 		filepath.Join(d, "exits"), filepath.Join(d, "attach"),
 		PauseImage, filepath.Join(n.Dir, "policy.json"), filepath.Join(d, "policies"), filepath.Join(d, "tmp"),
-		filepath.Join(n.Dir, "cni", "net.d"))
+		filepath.Join(n.Dir, "cni", "net.d"), n.runcPath)
 }
 
 // crioFiles are the files besides crio.conf a CRI-O node reads. CRI-O
