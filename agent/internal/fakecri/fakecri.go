@@ -30,7 +30,7 @@ type PullCall struct {
 	Image string
 	// Requested is the reference as the caller sent it.
 	Requested string
-	Auth  *runtimeapi.AuthConfig
+	Auth      *runtimeapi.AuthConfig
 	// Timeout is what was left of the caller's deadline on arrival; zero
 	// when the call had no deadline.
 	Timeout time.Duration
