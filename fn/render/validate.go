@@ -380,9 +380,17 @@ func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems
 		}
 		p = append(p, warnf(cmPath, "%s, line %d: %q duplicates %q of %s; keeping the first", cmDesc, d.Line, d.Ref, d.FirstRef, first))
 	}
+	// The list keeps each image as the kubelet would send it to the
+	// runtime for that string in a pod spec (short names stay short), so
+	// that CRI-O resolves them through its aliases as for the pods;
+	// duplicates were dropped by their normalized form.
 	for _, e := range list.Entries {
 		if e.Err == nil {
-			c.Images = append(c.Images, e.Normalized)
+			ref, err := imagelist.KubeletRef(e.Ref)
+			if err != nil {
+				ref = e.Normalized
+			}
+			c.Images = append(c.Images, ref)
 		}
 	}
 	if len(list.Entries) == 0 && !p.HasErrors() {

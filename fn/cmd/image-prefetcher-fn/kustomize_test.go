@@ -184,7 +184,7 @@ patches:
 	// The list combines the patched inline image and the generated
 	// ConfigMap, found under its original name after namePrefix.
 	cm := find(t, m, "ConfigMap", "image-prefetcher-dev-demo")
-	if got, want := cm.GetDataMap()["images.txt"], "registry.k8s.io/pause:3.10\ndocker.io/library/debian:bookworm\nquay.io/prometheus/busybox:latest\n"; got != want {
+	if got, want := cm.GetDataMap()["images.txt"], "registry.k8s.io/pause:3.10\ndebian:bookworm\nquay.io/prometheus/busybox:latest\n"; got != want {
 		t.Errorf("images.txt:\n%s\nwant\n%s", got, want)
 	}
 	if _, ok := cm.GetAnnotations()["kustomize.config.k8s.io/needs-hash"]; ok {
