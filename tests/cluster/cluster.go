@@ -69,6 +69,9 @@ type Options struct {
 	// NodeRuntime gives node i's container runtime; by default every node
 	// runs Containerd16.
 	NodeRuntime func(i int) Runtime
+	// ShortNameAliases are the registries.conf [aliases] of CRI-O nodes
+	// (short name to fully qualified repository).
+	ShortNameAliases map[string]string
 	// BaseDir holds one directory per run. Default $IMAGE_PREFETCHER_E2E_DIR
 	// or /tmp/ipf-e2e.
 	BaseDir string

@@ -124,6 +124,7 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 		if c.opts.NodeRuntime != nil {
 			n.Runtime = c.opts.NodeRuntime(i)
 		}
+		n.ShortNameAliases = c.opts.ShortNameAliases
 		n.setSocket()
 		c.mu.Lock()
 		c.nodes = append(c.nodes, n)

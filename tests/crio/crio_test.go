@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -42,7 +43,11 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
-	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 1, NodeRuntime: func(int) cluster.Runtime { return cluster.CRIO }}, &c))
+	os.Exit(cluster.RunMain(m, cluster.Options{
+		Nodes:            1,
+		NodeRuntime:      func(int) cluster.Runtime { return cluster.CRIO },
+		ShortNameAliases: map[string]string{"app": cluster.RegistryAddr + "/aliased/app"},
+	}, &c))
 }
 
 func binPath(name string) string {
@@ -261,5 +266,42 @@ func TestCRIOImageGCRepair(t *testing.T) {
 	t.Logf("pulled again %.1fs after its removal", time.Since(removed).Seconds())
 	if s := waitLabel(t, "crio-gc", "succeeded", 10*time.Second); s.Present != 1 {
 		t.Errorf("summary %+v after the repair", s)
+	}
+}
+
+// A list entry "app" is prefetched from where a pod's `image: app` comes
+// from on CRI-O: the node's registries.conf alias. The pod then starts with
+// imagePullPolicy Never, so from the prefetched image alone.
+func TestCRIOShortNameAlias(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, err := cluster.PauseBinary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := ociimage.Build(ociimage.Binary(bin, "65535:65535"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Push(ctx, img, "aliased/app:latest"); err != nil {
+		t.Fatal(err)
+	}
+	deploy(t, "crio-alias", list("app"))
+	if s := waitLabel(t, "crio-alias", "succeeded", 3*time.Minute); s.Present != 1 {
+		t.Fatalf("summary %+v", s)
+	}
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "uses-app", Namespace: "crio-alias", Labels: map[string]string{"app": "uses-app"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app", ImagePullPolicy: corev1.PullNever}}},
+	}
+	if _, err := cs.CoreV1().Pods("crio-alias").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitPodsRunning(ctx, "crio-alias", "app=uses-app", 1); err != nil {
+		t.Fatalf("a pod with image: app and imagePullPolicy: Never did not start from the prefetched image: %v", err)
 	}
 }
