@@ -21,9 +21,10 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// Node is one kubelet with its own containerd, in its own mount namespace
-// where /run/containerd is the node's own directory: a DaemonSet's hostPath
-// /run/containerd reaches this node's containerd, unchanged.
+// Node is one kubelet with its own container runtime (containerd, or
+// CRI-O: Runtime), in its own mount namespace where /run/containerd and
+// /run/crio are the node's own directories: a DaemonSet's hostPath
+// /run/containerd or /var/run/crio reaches this node's runtime, unchanged.
 type Node struct {
 	c     *Cluster
 	Index int
@@ -500,7 +501,8 @@ func (n *Node) RestartContainerd(ctx context.Context) error {
 	return n.StartContainerd(ctx)
 }
 
-// StopContainerd stops the node's containerd.
+// StopContainerd stops the node's runtime (containerd, or CRI-O on a CRIO
+// node; the name predates CRI-O nodes).
 func (n *Node) StopContainerd(ctx context.Context) error {
 	p := n.c.proc(n.runtimeProcName())
 	if p == nil {
