@@ -18,15 +18,22 @@ PROMTOOL_VERSION  := v0.316.0
 KPT_VERSION       := 1.0.0-beta.56
 KUBE_VERSION      := v1.36.3
 KUBE_BIN_DIR      ?= $(HOME)/.cache/image-prefetcher/kube/$(KUBE_VERSION)
-APT_PACKAGES      := containerd runc etcd-server containernetworking-plugins iptables iproute2 util-linux
+# The runtimes of the runtime matrix besides Debian's containerd 1.6
+# (tests/runtimes): built from the Go module proxy, cached by version.
+CONTAINERD_VERSION := v2.4.2
+CRIO_VERSION       := v1.34.0
+RUNTIMES_DIR      ?= $(HOME)/.cache/image-prefetcher/runtimes
+# libseccomp-dev, gcc and pkg-config build CRI-O; conmon runs its containers.
+APT_PACKAGES      := containerd runc etcd-server containernetworking-plugins iptables iproute2 util-linux conmon libseccomp-dev gcc libc6-dev pkg-config
 
 comma := ,
 
 export PATH := $(BIN):$(PATH)
 export KUBE_BIN_DIR
+export RUNTIMES_DIR
 export CGO_ENABLED := 0
 
-.PHONY: build test unit e2e tools host-deps kube FORCE
+.PHONY: build test unit e2e tools host-deps kube runtimes FORCE
 
 ## ---- build ------------------------------------------------------------------
 build: $(BIN)/image-prefetcher $(BIN)/image-prefetcher-fn
@@ -65,8 +72,9 @@ $(BIN)/promtool:
 # without its recommends (slirp4netns, fuse-overlayfs, ...), which it does
 # not use here.
 host-deps:
-	@missing=0; for c in containerd runc etcd iptables ip nsenter unshare podman; do command -v $$c >/dev/null || missing=1; done; \
+	@missing=0; for c in containerd runc etcd iptables ip nsenter unshare podman conmon gcc pkg-config; do command -v $$c >/dev/null || missing=1; done; \
 	 [ -x /usr/lib/cni/bridge ] || missing=1; \
+	 pkg-config --exists libseccomp 2>/dev/null || missing=1; \
 	 if [ $$missing = 1 ]; then echo ">> apt-get install $(APT_PACKAGES) podman"; \
 	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null && \
 	   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman >/dev/null; \
@@ -74,6 +82,10 @@ host-deps:
 
 kube:
 	KUBE_VERSION=$(KUBE_VERSION) KUBE_BIN_CACHE=$(KUBE_BIN_DIR) tests/cluster/hack/build-kube.sh
+
+# containerd 2.x and CRI-O (+ pinns), ~3 min on 2 cores the first time.
+runtimes: host-deps
+	CONTAINERD_VERSION=$(CONTAINERD_VERSION) CRIO_VERSION=$(CRIO_VERSION) RUNTIMES_CACHE=$(RUNTIMES_DIR) tests/cluster/hack/build-runtimes.sh
 
 ## ---- container images (needs a Docker engine; see Dockerfile, Dockerfile.fn) ----
 # Both images are stamped with the same VERSION as `make build`, and the agent
@@ -129,7 +141,7 @@ unit:
 # something they need is missing.
 # oci: the cluster smoke test pulls the out/oci layouts through a node's
 # containerd, so they must be the ones of this build.
-e2e: build tools host-deps kube oci
+e2e: build tools host-deps kube runtimes oci
 	@echo ">> tests against real components"
 	go test -p 1 -timeout 60m -v ./tests/...
 

@@ -41,6 +41,9 @@ type Metrics struct {
 	// StartupTaintRemoved (images present) or StartupTaintTimeout
 	// (fail-open at maxWait).
 	StartupTaintRemovals *prometheus.CounterVec
+	// UnclassifiedErrors counts pull errors the classifier did not
+	// recognise (retried as transient; the log has each text once).
+	UnclassifiedErrors prometheus.Counter
 }
 
 // New registers the collectors.
@@ -70,6 +73,9 @@ func New() *Metrics {
 	m.StartupTaintRemovals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "image_prefetcher_startup_taint_removals_total", Help: "Startup taints removed from the node, by reason: StartupTaintRemoved (every image present) or StartupTaintTimeout (maxWait passed with images missing).",
 	}, []string{"reason"})
+	m.UnclassifiedErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "image_prefetcher_unclassified_pull_errors_total", Help: "Pull errors no classifier rule recognised; retried as transient and logged once each as unclassified.",
+	})
 	m.Succeeded = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "image_prefetcher_succeeded", Help: "1 when the last check found every image of the list present (the node label's succeeded), 0 otherwise and until the first check ends.",
 	})
@@ -87,7 +93,7 @@ func New() *Metrics {
 		Name: "image_prefetcher_label_conflicts_total", Help: "Times this instance's node label or annotation was found changed by another writer since the agent wrote it.",
 	})
 	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess,
-		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals, m.OwnerConflict)
+		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals, m.OwnerConflict, m.UnclassifiedErrors)
 	return m
 }
 
@@ -126,6 +132,9 @@ func (w waitGate) Acquire(ctx context.Context) (func(), error) {
 
 // Attempt counts one pull attempt.
 func (m *Metrics) Attempt(c pull.Class) { m.Attempts.WithLabelValues(string(c)).Inc() }
+
+// Unclassified counts one pull error no classifier rule recognised.
+func (m *Metrics) Unclassified() { m.UnclassifiedErrors.Inc() }
 
 // Pulled records one successful pull.
 func (m *Metrics) Pulled(_ string, d time.Duration, bytes uint64) {

@@ -19,6 +19,8 @@ func TestServe(t *testing.T) {
 	m.Attempt("success")
 	m.Pulled("a:1", 3*time.Second, 2048)
 	m.Checked(4, 0, time.Unix(1700000000, 0))
+	m.Unclassified()
+	m.Unclassified()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addr, err := m.Serve(ctx, "127.0.0.1:0", slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -50,6 +52,7 @@ func TestServe(t *testing.T) {
 		`image_prefetcher_pulled_bytes_total 2048`,
 		`image_prefetcher_pull_duration_seconds_count 1`,
 		`image_prefetcher_last_full_success_timestamp_seconds 1.7e+09`,
+		`image_prefetcher_unclassified_pull_errors_total 2`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %q in:\n%s", want, body)

@@ -36,7 +36,7 @@ func TestClassifyContainerdMessages(t *testing.T) {
 		{"stall", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), Transient, ReasonTimeout},
 		{"malformed reference", fakecri.InvalidReference("Bad::Ref"), Permanent, ReasonInvalidReference},
 		{"socket missing", status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial unix /run/containerd/containerd.sock: connect: no such file or directory"`), Transient, ReasonPullFailed},
-		{"platform", fakecri.NoMatchForPlatform(ref), Permanent, ReasonPullFailed},
+		{"platform", fakecri.NoMatchForPlatform(ref), Permanent, ReasonPlatformMismatch},
 		{"reset", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: read tcp 1.2.3.4:5->6.7.8.9:443: read: connection reset by peer`, ref), Transient, ReasonPullFailed},
 		{"eof", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: unexpected EOF`, ref), Transient, ReasonPullFailed},
 		{"local deadline", context.DeadlineExceeded, Transient, ReasonTimeout},

@@ -61,6 +61,13 @@ type Observer interface {
 	Pulled(image string, d time.Duration, bytes uint64)
 }
 
+// UnclassifiedCounter is an Observer that also counts the errors no
+// classifier rule recognised (see Explain). Optional, so that existing
+// observers need not change.
+type UnclassifiedCounter interface {
+	Unclassified()
+}
+
 type nopObserver struct{}
 
 func (nopObserver) Attempt(Class)                        {}
@@ -153,9 +160,14 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 type Result struct {
 	// Image is the reference as written in the list.
 	Image string
-	// Normalized is the kubelet's form, used for every CRI call.
+	// Normalized is the fully qualified form, for de-duplication, display
+	// and credential lookup (as the kubelet looks credentials up).
 	Normalized string
-	Present    bool
+	// Ref is what every CRI call asks for: the reference the kubelet sends
+	// for Image in a pod spec (imagelist.KubeletRef), so that CRI-O
+	// resolves a short name through its aliases exactly as for the pods.
+	Ref     string
+	Present bool
 	// Pulled is true when this run pulled the image.
 	Pulled   bool
 	Attempts int
@@ -169,6 +181,10 @@ type Result struct {
 type Puller struct {
 	rt  Runtime
 	cfg Config
+
+	mu sync.Mutex
+	// logged holds the unclassified messages already logged in full.
+	logged map[string]bool
 }
 
 // New returns a Puller.
@@ -189,6 +205,9 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 	pullAnyway := make([]bool, len(entries))
 	for i, e := range entries {
 		results[i] = Result{Image: e.Ref, Normalized: e.Normalized}
+		if e.Err == nil {
+			results[i].Ref, e.Err = imagelist.KubeletRef(e.Ref)
+		}
 		if e.Err != nil {
 			results[i].Reason, results[i].Message = ReasonInvalidReference, e.Err.Error()
 			continue
@@ -340,7 +359,7 @@ func (p *Puller) statusAll(ctx context.Context, results []Result, idx []int) []e
 		wg.Go(func() {
 			defer func() { <-sem }()
 			r := &results[i]
-			info, err := p.rt.ImageStatus(ctx, r.Normalized)
+			info, err := p.rt.ImageStatus(ctx, r.Ref)
 			if err != nil {
 				errs[k] = err
 				return
@@ -480,18 +499,18 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) (interrupted []*job)
 // answers as they ask, so this costs no extra plugin runs.
 func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
 	auths := p.cfg.Creds.Lookup(ctx, j.r.Normalized)
-	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, auths, j.attemptTimeout)}
+	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Ref, auths, j.attemptTimeout)}
 	if d.err != nil && j.statusFailed {
 		// The pull was made only because ImageStatus failed; a registry
 		// that cannot be reached must not turn a present image into a
 		// failure.
-		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
+		if info, err := p.rt.ImageStatus(ctx, j.r.Ref); err == nil && info != nil {
 			d.err, d.found, d.bytes = nil, true, info.Size
 		}
 		return d
 	}
 	if d.err == nil {
-		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
+		if info, err := p.rt.ImageStatus(ctx, j.r.Ref); err == nil && info != nil {
 			d.bytes = info.Size
 		}
 	}
@@ -515,8 +534,12 @@ func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool
 		j.log.Info("pulled", "attempts", r.Attempts, "duration", r.Duration.Round(time.Millisecond), "bytes", r.Bytes)
 		return 0, false
 	}
-	class, reason := Classify(d.err)
+	v := Explain(d.err)
+	class, reason := v.Class, v.Reason
 	p.cfg.Observer.Attempt(class)
+	if v.Unclassified() {
+		p.unclassified(j, d.err)
+	}
 	j.lastErr, j.lastReason = d.err, reason
 	if ctx.Err() != nil {
 		p.giveUp(ctx, j)
@@ -534,6 +557,28 @@ func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool
 	j.delay = Doubling(j.delay, p.cfg.MaxDelay)
 	j.attemptTimeout = Doubling(j.attemptTimeout, p.cfg.MaxAttemptTimeout)
 	return wait, true
+}
+
+// unclassified counts an error no rule recognised and logs its full text the
+// first time it is seen, so that a runtime's new wording can be added to
+// the classifier (docs/agent.md) without flooding the log on every retry.
+func (p *Puller) unclassified(j *job, err error) {
+	if c, ok := p.cfg.Observer.(UnclassifiedCounter); ok {
+		c.Unclassified()
+	}
+	msg := err.Error()
+	p.mu.Lock()
+	first := !p.logged[msg]
+	if first {
+		if p.logged == nil {
+			p.logged = map[string]bool{}
+		}
+		p.logged[msg] = true
+	}
+	p.mu.Unlock()
+	if first {
+		j.log.Warn("unclassified pull error: retried as transient", "class", "unclassified", "err", msg)
+	}
 }
 
 // giveUp reports a failed image. A permanent reason is kept even when the

@@ -26,6 +26,7 @@ type memRuntime struct {
 }
 
 func (m *memRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo, error) {
+	ref = containerdRef(ref)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.present[ref] {
@@ -35,11 +36,21 @@ func (m *memRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo,
 }
 
 func (m *memRuntime) PullImage(_ context.Context, ref string, _ *cri.Auth) (string, error) {
+	ref = containerdRef(ref)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.pulls[ref]++
 	m.present[ref] = true
 	return ref, nil
+}
+
+// containerdRef qualifies a reference as containerd's CRI does with what
+// the agent sends ("a:1" is docker.io/library/a:1).
+func containerdRef(ref string) string {
+	if n, err := imagelist.Normalize(ref); err == nil {
+		return n
+	}
+	return ref
 }
 
 type countingGate struct{ acquired, released int }
@@ -277,6 +288,7 @@ func newScriptRuntime(script func(ref string, n int) error) *scriptRuntime {
 }
 
 func (m *scriptRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo, error) {
+	ref = containerdRef(ref)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.present[ref] {
@@ -286,6 +298,7 @@ func (m *scriptRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageIn
 }
 
 func (m *scriptRuntime) PullImage(ctx context.Context, ref string, _ *cri.Auth) (string, error) {
+	ref = containerdRef(ref)
 	// grpc fails a call whose context has ended without sending it, so
 	// such a call never reaches the runtime.
 	if err := ctx.Err(); err != nil {

@@ -42,6 +42,7 @@ func (c *clockRuntime) ImageStatus(context.Context, string) (*cri.ImageInfo, err
 }
 
 func (c *clockRuntime) PullImage(ctx context.Context, ref string, auth *cri.Auth) (string, error) {
+	ref = containerdRef(ref)
 	dl, _ := ctx.Deadline()
 	c.mu.Lock()
 	c.pulls = append(c.pulls, pullSeen{auth: auth, start: time.Now(), deadline: dl})

@@ -38,9 +38,13 @@ func TestHashRolls(t *testing.T) {
 	if again := mustConfig(t, []string{"debian:12", "busybox:1"}, nil).Hash(); again != base {
 		t.Errorf("same input, different hash: %s vs %s", base, again)
 	}
-	// Spellings the kubelet treats as the same image give the same hash.
-	if same := mustConfig(t, []string{"docker.io/library/debian:12", "busybox:1", "debian:12"}, nil).Hash(); same != base {
-		t.Errorf("normalized-equal lists hash differently")
+	// A later spelling of the same image is dropped as a duplicate, and
+	// "busybox" is what the kubelet sends as "busybox:latest".
+	if same := mustConfig(t, []string{"debian:12", "busybox:1", "docker.io/library/debian:12"}, nil).Hash(); same != base {
+		t.Errorf("a list with a normalized-equal duplicate hashes differently")
+	}
+	if a, b := mustConfig(t, []string{"busybox"}, nil).Hash(), mustConfig(t, []string{"busybox:latest"}, nil).Hash(); a != b {
+		t.Errorf("busybox and busybox:latest hash differently")
 	}
 	two, off, three := int32(2), false, intstr.FromInt32(3)
 	for name, c := range map[string]Config{
@@ -119,7 +123,8 @@ func TestNamesDoNotCollide(t *testing.T) {
 
 func TestImageListKeepsOrderAndDropsDuplicates(t *testing.T) {
 	c := mustConfig(t, []string{"quay.io/a/b:1", "debian", "docker.io/library/debian:latest", "alpine@sha256:" + strings.Repeat("a", 64)}, nil)
-	want := "quay.io/a/b:1\ndocker.io/library/debian:latest\ndocker.io/library/alpine@sha256:" + strings.Repeat("a", 64) + "\n"
+	// As the kubelet sends them: ":latest" added, short names kept.
+	want := "quay.io/a/b:1\ndebian:latest\nalpine@sha256:" + strings.Repeat("a", 64) + "\n"
 	if got := c.ImageListText(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}

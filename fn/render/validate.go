@@ -406,9 +406,13 @@ func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {
 		}
 		p = append(p, warnf(cmPath, "%s, line %d: %q duplicates %q of %s; keeping the first", cmDesc, d.Line, d.Ref, d.FirstRef, first))
 	}
+	// The list keeps each image as the kubelet would send it to the
+	// runtime for that string in a pod spec (short names stay short), so
+	// that CRI-O resolves them through its aliases as for the pods;
+	// duplicates were dropped by their normalized form.
 	for _, e := range list.Entries {
 		if e.Err == nil {
-			c.Images = append(c.Images, e.Normalized)
+			c.Images = append(c.Images, kubeletForm(e))
 		}
 	}
 	if s.ImageListFrom != nil {
@@ -450,4 +454,13 @@ func checkMaxUnavailable(v intstr.IntOrString) string {
 
 func sortedKeys[M ~map[K]V, K cmp.Ordered, V any](m M) []K {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// kubeletForm is how the rendered list names a valid entry: as the kubelet
+// sends its reference to the runtime (imagelist.KubeletRef).
+func kubeletForm(e imagelist.Entry) string {
+	if ref, err := imagelist.KubeletRef(e.Ref); err == nil {
+		return ref
+	}
+	return e.Normalized
 }

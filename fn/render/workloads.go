@@ -110,7 +110,7 @@ func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources
 		before := len(b.List().Entries)
 		b.Add(0, img.Ref)
 		if len(b.List().Entries) > before {
-			sec.images = append(sec.images, n)
+			sec.images = append(sec.images, kubeletForm(b.List().Entries[before]))
 		}
 	}
 	return sections, p
@@ -126,7 +126,7 @@ func listSections(list imagelist.List, nInline, nBefore int, cmDesc string, ws [
 		var out []string
 		for _, e := range list.Entries[from:to] {
 			if e.Err == nil {
-				out = append(out, e.Normalized)
+				out = append(out, kubeletForm(e))
 			}
 		}
 		return out

@@ -70,6 +70,12 @@ type Options struct {
 	// credentials and addresses are made at start: the apiserver reads its
 	// token file only once.
 	LateNodes int
+	// NodeRuntime gives node i's container runtime; by default every node
+	// runs Containerd16.
+	NodeRuntime func(i int) Runtime
+	// ShortNameAliases are the registries.conf [aliases] of CRI-O nodes
+	// (short name to fully qualified repository).
+	ShortNameAliases map[string]string
 	// BaseDir holds one directory per run. Default $IMAGE_PREFETCHER_E2E_DIR
 	// or /tmp/ipf-e2e.
 	BaseDir string
@@ -189,6 +195,13 @@ func preflight(opts Options) error {
 	for _, t := range tools {
 		if _, err := exec.LookPath(t); err != nil {
 			missing = append(missing, fmt.Sprintf("%s (not in PATH: run `make host-deps`)", t))
+		}
+	}
+	for i := range opts.Nodes {
+		if opts.NodeRuntime != nil {
+			if err := checkRuntime(opts.NodeRuntime(i)); err != nil {
+				missing = append(missing, err.Error())
+			}
 		}
 	}
 	if opts.Nodes > 0 {

@@ -21,9 +21,10 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// Node is one kubelet with its own containerd, in its own mount namespace
-// where /run/containerd is the node's own directory: a DaemonSet's hostPath
-// /run/containerd reaches this node's containerd, unchanged.
+// Node is one kubelet with its own container runtime (containerd, or
+// CRI-O: Runtime), in its own mount namespace where /run/containerd and
+// /run/crio are the node's own directories: a DaemonSet's hostPath
+// /run/containerd or /var/run/crio reaches this node's runtime, unchanged.
 type Node struct {
 	c     *Cluster
 	Index int
@@ -38,11 +39,18 @@ type Node struct {
 	CRISocket string
 	Labels    map[string]string
 	// Dir is the node's state directory (containerd root, kubelet root).
-	Dir       string
-	holderPID int
-	cniNet    string
+	Dir string
+	// Runtime is the node's container runtime; empty is Containerd16.
+	Runtime Runtime
+	// ShortNameAliases are CRI-O's registries.conf [aliases] (short name
+	// to fully qualified repository), for CRIO nodes.
+	ShortNameAliases map[string]string
+	holderPID        int
+	cniNet           string
 	// kubeletArgs are extra kubelet flags (see JoinOptions).
 	kubeletArgs []string
+	// runcPath is the runc CRI-O runs (crioruntime.go).
+	runcPath string
 }
 
 // NodeSocketPath is the CRI socket path inside every node (what rendered
@@ -151,7 +159,11 @@ func (c *Cluster) newNode(i int, extra map[string]string) *Node {
 		Dir:        c.path(fmt.Sprintf("n%d", i+1)),
 		cniNet:     fmt.Sprintf("ipf-%s-n%d", c.ID, i+1),
 	}
-	n.CRISocket = filepath.Join(n.Dir, "run", "containerd.sock")
+	if c.opts.NodeRuntime != nil {
+		n.Runtime = c.opts.NodeRuntime(i)
+	}
+	n.ShortNameAliases = c.opts.ShortNameAliases
+	n.setSocket()
 	return n
 }
 
@@ -205,7 +217,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 // prepare writes the node's configuration, creates its cgroups and starts
 // the process that holds its mount namespace.
 func (n *Node) prepare(ctx context.Context) error {
-	for _, d := range []string{"run", "containerd", "opt", "kubelet", "pod-logs", "varlog", "varlib", "cni/net.d", "cni/ipam", "certs.d"} {
+	for _, d := range []string{"run", "crio-run", "containerd", "opt", "kubelet", "pod-logs", "varlog", "varlib", "cni/net.d", "cni/ipam", "certs.d", "image-verifiers"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
@@ -213,8 +225,16 @@ func (n *Node) prepare(ctx context.Context) error {
 	if err := n.createCgroups(); err != nil {
 		return err
 	}
+	if n.Runtime == CRIO {
+		p, err := RuncNoHugetlb(ctx)
+		if err != nil {
+			return err
+		}
+		n.runcPath = p
+	}
+	cfgName, cfg := n.runtimeConfig()
 	files := map[string]string{
-		"containerd.toml":              n.containerdConfig(),
+		cfgName:                        cfg,
 		"kubelet.yaml":                 n.kubeletConfig(),
 		"cni/net.d/10-bridge.conflist": n.cniConfig(),
 		"hosts":                        n.hostsFile(),
@@ -222,6 +242,9 @@ func (n *Node) prepare(ctx context.Context) error {
 	}
 	for _, h := range MirroredHosts {
 		files["certs.d/"+h+"/hosts.toml"] = hostsToml(h)
+	}
+	if n.Runtime == CRIO {
+		maps.Copy(files, n.crioFiles())
 	}
 	for name, content := range files {
 		p := filepath.Join(n.Dir, name)
@@ -239,8 +262,8 @@ func (n *Node) prepare(ctx context.Context) error {
 }
 
 // holderScript builds the node's private mount namespace: /run becomes a
-// tmpfs that maps back every entry of the real /run except containerd,
-// which is the node's own directory; /var/log and /var/lib are the node's
+// tmpfs that maps back every entry of the real /run except containerd and
+// crio, which are the node's own directories; /var/log and /var/lib are the node's
 // own, so the kubelet's /var/log/containers links and the CNI library's
 // /var/lib/cni cache stay in the run directory; /etc/hosts points the
 // mirrored registry names at the run's registry.
@@ -255,14 +278,15 @@ mount -t tmpfs -o mode=755 tmpfs /run
 for e in "$N"/hostrun/* "$N"/hostrun/.[!.]*; do
   [ -e "$e" ] || [ -L "$e" ] || continue
   b=${e##*/}
-  [ "$b" = containerd ] && continue
+  [ "$b" = containerd ] || [ "$b" = crio ] && continue
   if [ -L "$e" ]; then cp -P "$e" "/run/$b"
   elif [ -d "$e" ]; then mkdir -p "/run/$b"; mount --rbind "$e" "/run/$b"
   else [ -e "/run/$b" ] || : > "/run/$b"; mount --bind "$e" "/run/$b"
   fi
 done
-mkdir /run/containerd
+mkdir /run/containerd /run/crio
 mount --bind "$N/run" /run/containerd
+mount --bind "$N/crio-run" /run/crio
 umount -l "$N/hostrun"
 mount --bind "$N/varlog" /var/log
 mount --bind "$N/varlib" /var/lib
@@ -448,23 +472,15 @@ evictionHard:
 nodeStatusUpdateFrequency: 5s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-`, n.CgroupRoot, NodeSocketPath, filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), n.IP)
-}
-
-func (n *Node) containerdProc() *proc {
-	return &proc{
-		name:    n.Name + "/containerd",
-		argv:    n.inNode("containerd", "--config", filepath.Join(n.Dir, "containerd.toml")),
-		logPath: n.c.path("logs", n.Name+"-containerd.log"),
-	}
+`, n.CgroupRoot, n.SocketPath(), filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), n.IP)
 }
 
 func (n *Node) startContainerd(ctx context.Context) error {
-	p := n.containerdProc()
+	p := n.runtimeProc()
 	if err := n.c.addProc(p); err != nil {
 		return err
 	}
-	n.c.progress("%s: containerd started (pid %d)", n.Name, p.pid())
+	n.c.progress("%s: %s started (pid %d)", n.Name, n.runtimeLabel(), p.pid())
 	return nil
 }
 
@@ -472,7 +488,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 func (n *Node) waitContainerd(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	return waitFor(wctx, n.Name+" containerd CRI", []*proc{n.c.proc(n.Name + "/containerd")}, func(ctx context.Context) bool {
+	return waitFor(wctx, n.Name+" "+n.runtimeLabel()+" CRI", []*proc{n.c.proc(n.runtimeProcName())}, func(ctx context.Context) bool {
 		cri, err := n.CRI()
 		if err != nil {
 			return false
@@ -494,21 +510,22 @@ func (n *Node) RestartContainerd(ctx context.Context) error {
 	return n.StartContainerd(ctx)
 }
 
-// StopContainerd stops the node's containerd.
+// StopContainerd stops the node's runtime (containerd, or CRI-O on a CRIO
+// node; the name predates CRI-O nodes).
 func (n *Node) StopContainerd(ctx context.Context) error {
-	p := n.c.proc(n.Name + "/containerd")
+	p := n.c.proc(n.runtimeProcName())
 	if p == nil {
 		return errors.New("containerd was never started")
 	}
 	p.stop(10 * time.Second)
-	n.c.progress("%s: containerd stopped", n.Name)
+	n.c.progress("%s: %s stopped", n.Name, n.runtimeLabel())
 	return nil
 }
 
 // StartContainerd starts the node's containerd after StopContainerd and
 // waits until its CRI answers.
 func (n *Node) StartContainerd(ctx context.Context) error {
-	if p := n.c.proc(n.Name + "/containerd"); p != nil {
+	if p := n.c.proc(n.runtimeProcName()); p != nil {
 		if done, _ := p.exited(); !done {
 			return errors.New("containerd is already running")
 		}
@@ -555,7 +572,7 @@ func (c *Cluster) WaitNodesReady(ctx context.Context) error {
 	}
 	var watch []*proc
 	for _, n := range c.Nodes() {
-		watch = append(watch, c.proc(n.Name+"/kubelet"), c.proc(n.Name+"/containerd"))
+		watch = append(watch, c.proc(n.Name+"/kubelet"), c.proc(n.runtimeProcName()))
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -606,7 +623,7 @@ func (n *Node) CRI() (*CRIClient, error) {
 // containerd releases their network (CNI DEL), mounts and cgroups the
 // regular way before it is stopped.
 func (n *Node) removePods(ctx context.Context) error {
-	p := n.c.proc(n.Name + "/containerd")
+	p := n.c.proc(n.runtimeProcName())
 	if p == nil {
 		return nil
 	}

@@ -16,6 +16,10 @@ type RuntimeOptions struct {
 	// how many blobs of one image it fetches at once. 0 keeps containerd's
 	// default (3).
 	MaxConcurrentDownloads int
+	// Runtime is the runtime of every added node; empty is Containerd16.
+	Runtime Runtime
+	// ShortNameAliases are CRI-O's short-name aliases (CRIO only).
+	ShortNameAliases map[string]string
 }
 
 // StartRuntimes adds n runtime-only nodes to a control-plane-only cluster
@@ -32,6 +36,12 @@ func (c *Cluster) StartRuntimes(ctx context.Context, n int, opts RuntimeOptions)
 	if c.opts.Nodes != 0 {
 		return nil, errors.New("StartRuntimes needs a control-plane-only cluster (Options.Nodes == 0)")
 	}
+	if err := checkRuntime(opts.Runtime); err != nil {
+		return nil, err
+	}
+	if opts.MaxConcurrentDownloads > 0 && opts.Runtime != Containerd16 && opts.Runtime != "" {
+		return nil, fmt.Errorf("MaxConcurrentDownloads is a containerd 1.6 setting, not %s's", opts.Runtime)
+	}
 	if c.registry == nil {
 		if err := c.startRegistry(); err != nil {
 			return nil, err
@@ -46,8 +56,9 @@ func (c *Cluster) StartRuntimes(ctx context.Context, n int, opts RuntimeOptions)
 			Labels:     DefaultNodeLabels(i),
 			Dir:        c.path(fmt.Sprintf("n%d", i+1)),
 			cniNet:     fmt.Sprintf("ipf-%s-n%d", c.ID, i+1),
+			Runtime:    opts.Runtime, ShortNameAliases: opts.ShortNameAliases,
 		}
-		node.CRISocket = filepath.Join(node.Dir, "run", "containerd.sock")
+		node.setSocket()
 		c.mu.Lock()
 		c.nodes = append(c.nodes, node)
 		c.mu.Unlock()
@@ -101,7 +112,7 @@ func (n *Node) ContainerdRoot() string { return filepath.Join(n.Dir, "containerd
 
 // ContainerdPID is the pid of the node's running containerd, 0 if none.
 func (n *Node) ContainerdPID() int {
-	if p := n.c.proc(n.Name + "/containerd"); p != nil {
+	if p := n.c.proc(n.runtimeProcName()); p != nil {
 		if done, _ := p.exited(); !done {
 			return p.pid()
 		}

@@ -41,7 +41,7 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		if err := n.removePods(ctx); err != nil {
 			errs = append(errs, err)
 		}
-		if p := c.proc(n.Name + "/containerd"); p != nil {
+		if p := c.proc(n.runtimeProcName()); p != nil {
 			p.stop(10 * time.Second)
 		}
 	}

@@ -133,13 +133,15 @@ type Stats struct {
 type Registry struct {
 	inner http.Handler
 
-	mu      sync.Mutex
-	fails   []*failRule
-	stalls  []*stallRule
-	auth    map[string]creds // repository pattern -> credentials
-	latency time.Duration
-	limit   *limiter
-	log     []Request
+	mu     sync.Mutex
+	fails  []*failRule
+	stalls []*stallRule
+	// redirects send blob GETs elsewhere (redirect.go).
+	redirects []*redirectRule
+	auth      map[string]creds // repository pattern -> credentials
+	latency   time.Duration
+	limit     *limiter
+	log       []Request
 
 	requests, bytesSent atomic.Int64
 	conns, peakConns    atomic.Int64
@@ -218,6 +220,7 @@ func (r *Registry) SetBandwidth(bytesPerSecond int64) {
 func (r *Registry) ClearFaults() {
 	r.mu.Lock()
 	r.fails, r.stalls, r.auth, r.latency, r.limit = nil, nil, map[string]creds{}, 0, nil
+	r.redirects = nil
 	r.mu.Unlock()
 	r.ReleaseStalls()
 }
@@ -315,6 +318,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.mu.Unlock()
 	}()
 
+	if r.challengeBase(cw, req) {
+		return
+	}
 	rt, isRoute := parseRoute(req.URL.Path)
 	key := req.URL.Path
 	if isRoute {
@@ -375,6 +381,12 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if failStatus != 0 {
 		writeError(cw, failStatus, codeFor(failStatus, rt.kind), "injected fault")
 		return
+	}
+	if isRoute {
+		if loc := r.redirect(rt, req); loc != "" {
+			http.Redirect(cw, req, loc, http.StatusTemporaryRedirect)
+			return
+		}
 	}
 	if req.Method == http.MethodGet && rt.kind == Blobs {
 		peak(&r.peakXfer, r.transfers.Add(1))

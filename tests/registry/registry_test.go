@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -369,5 +370,51 @@ func TestOpenEndedRange(t *testing.T) {
 				t.Errorf("Range %s: %d bytes, want %d", tc.header, len(body), len(tc.wantBody))
 			}
 		})
+	}
+}
+
+func TestRedirectBlobsToAnExpiredObjectStore(t *testing.T) {
+	f := newFixture(t)
+	store := &registry.ExpiredObjectStore{}
+	srv := &http.Server{Handler: store}
+	l, err := newLoopbackListener()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	f.reg.RedirectBlobs(registry.Match{Repo: "app"}, "http://"+l.Addr().String(), 1)
+
+	path := "/v2/app/blobs/" + f.layer.String()
+	code, _, body := f.get(t, http.DefaultClient, path)
+	if code != http.StatusForbidden || !strings.Contains(string(body), "AccessDenied") || store.Requests() != 1 {
+		t.Fatalf("first GET: %d %q after %d object store requests, want the store's 403 AccessDenied", code, body, store.Requests())
+	}
+	// The redirect is for the first GET only: the next one gets the blob.
+	if code, _, body := f.get(t, http.DefaultClient, path); code != http.StatusOK || len(body) < 256<<10 {
+		t.Fatalf("second GET: %d, %d bytes", code, len(body))
+	}
+	// Manifests are never redirected.
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/app/manifests/v1"); code != http.StatusOK {
+		t.Fatalf("manifest GET: %d", code)
+	}
+}
+
+func TestBaseChallengesOnlyWhileRepositoriesAreProtected(t *testing.T) {
+	f := newFixture(t)
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/"); code != http.StatusOK {
+		t.Fatalf("/v2/ without protected repositories: %d, want 200", code)
+	}
+	f.reg.RequireAuth("private/*", "u", "p")
+	code, h, _ := f.get(t, http.DefaultClient, "/v2/")
+	if code != http.StatusUnauthorized || !strings.HasPrefix(h.Get("WWW-Authenticate"), "Basic ") {
+		t.Fatalf("/v2/ with a protected repository: %d %q, want 401 with a Basic challenge", code, h.Get("WWW-Authenticate"))
+	}
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/", "u", "p"); code != http.StatusOK {
+		t.Fatalf("/v2/ with credentials: %d, want 200", code)
+	}
+	// Public repositories stay anonymous.
+	if code, _, _ := f.get(t, http.DefaultClient, "/v2/app/manifests/v1"); code != http.StatusOK {
+		t.Fatalf("public manifest: %d", code)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
 
 // Behavior decides the outcome of the n-th (1-based) PullImage call for an
@@ -24,8 +26,11 @@ type Behavior func(ctx context.Context, n int, req *runtimeapi.PullImageRequest)
 
 // PullCall records one PullImage request.
 type PullCall struct {
+	// Image is the fully qualified reference, as containerd normalizes it.
 	Image string
-	Auth  *runtimeapi.AuthConfig
+	// Requested is the reference as the caller sent it.
+	Requested string
+	Auth      *runtimeapi.AuthConfig
 	// Timeout is what was left of the caller's deadline on arrival; zero
 	// when the call had no deadline.
 	Timeout time.Duration
@@ -196,7 +201,7 @@ func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusReque
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.statuses++
-	ref := req.GetImage().GetImage()
+	ref := normalize(req.GetImage().GetImage())
 	size, ok := s.images[ref]
 	if !ok {
 		return &runtimeapi.ImageStatusResponse{}, nil
@@ -206,8 +211,8 @@ func (s *Server) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusReque
 
 // PullImage runs the image's behavior.
 func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
-	ref := req.GetImage().GetImage()
-	call := PullCall{Image: ref, Auth: req.GetAuth()}
+	ref := normalize(req.GetImage().GetImage())
+	call := PullCall{Image: ref, Requested: req.GetImage().GetImage(), Auth: req.GetAuth()}
 	if dl, ok := ctx.Deadline(); ok {
 		call.Timeout = time.Until(dl)
 	}
@@ -242,6 +247,15 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 		return nil, err
 	}
 	return &runtimeapi.PullImageResponse{ImageRef: "sha256:" + ref}, nil
+}
+
+// normalize qualifies a reference as containerd's CRI does ("debian:12" is
+// docker.io/library/debian:12); an invalid one is kept as is.
+func normalize(ref string) string {
+	if n, err := imagelist.Normalize(ref); err == nil {
+		return n
+	}
+	return ref
 }
 
 // The errors below carry containerd 1.6.20's exact codes and messages.
