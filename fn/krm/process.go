@@ -53,12 +53,14 @@ func isPrefetcher(n *yaml.RNode) bool {
 
 // Process expands ImagePrefetchers in rl.
 //
-// Generator mode: the functionConfig is an ImagePrefetcher and the input
-// does not come from kpt. Its expansion is appended, the ConfigMap marked
-// for kustomize's hash suffix. kustomize echoes a generator's config as an
-// item; that copy is dropped so that nothing is expanded twice.
+// Generator mode: the functionConfig is an ImagePrefetcher and kustomize
+// invoked the function as a generator (see invokedAsGenerator). Its
+// expansion is appended, the ConfigMap marked for kustomize's hash suffix.
+// kustomize echoes a generator's config as an item; that copy is dropped
+// so that nothing is expanded twice.
 //
-// Transformer mode: otherwise. Every ImagePrefetcher item is replaced by its
+// Transformer mode: otherwise; an ImagePrefetcher functionConfig that is
+// not among the items (kustomize's transformers:) is expanded at the end. Every ImagePrefetcher item is replaced by its
 // expansion, in place. Under kpt, an ImagePrefetcher that is also the
 // functionConfig (configPath) is the pipeline's config file and stays; its
 // expansion follows it.
@@ -104,11 +106,13 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 		}
 	}
 	fcIsIP := fc != nil && isPrefetcher(fc)
-	generator := fcIsIP && !kpt
+	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
 	lookup := configMapLookup(items)
+	results = append(results, typoWarnings(items, fc)...)
 
 	expand := func(src *yaml.RNode) *expansion {
 		objs, rs := expandOne(src, lookup)
+		explain(rs, src, items, generator)
 		results = append(results, rs...)
 		if objs == nil {
 			return nil
