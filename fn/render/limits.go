@@ -17,7 +17,7 @@ var durationFloors = map[string]struct {
 	min time.Duration
 	why string
 }{
-	"spec.refreshInterval": {time.Minute, "every check lists the runtime's images and reads the Node, on every node, so checking more often loads the runtime and the apiserver for nothing (10ms is likely a typo for 10m); use 0 to turn the checks off"},
+	"spec.refreshInterval":            {time.Minute, "every check lists the runtime's images and reads the Node, on every node, so checking more often loads the runtime and the apiserver for nothing (10ms is likely a typo for 10m); use 0 to turn the checks off"},
 	"spec.pull.initialAttemptTimeout": {time.Second, "no registry answers a pull faster, so every first attempt would time out"},
 	"spec.pull.maxAttemptTimeout":     {time.Second, "no registry answers a pull faster, so every attempt would time out"},
 	"spec.pull.overallTimeout":        {time.Minute, "it bounds the pull of the whole list; below a minute most lists cannot finish and every node is labelled failed"},
