@@ -48,7 +48,10 @@ func invokedAsGenerator(items []*yaml.RNode, fc *yaml.RNode) bool {
 func typoWarnings(items []*yaml.RNode, fc *yaml.RNode) fn.Results {
 	var rs fn.Results
 	check := func(n *yaml.RNode, what string) {
-		group, _, _ := strings.Cut(n.GetApiVersion(), "/")
+		group, _, grouped := strings.Cut(n.GetApiVersion(), "/")
+		if !grouped {
+			group = "" // the core group: "v1"
+		}
 		kind := n.GetKind()
 		var msg string
 		switch {
