@@ -62,8 +62,8 @@ var (
 	boolPool = []any{true, false, "true"}
 	intPool  = []any{-1, 0, 1, 2, 64, 65, 100, 101, 1000, 1001, 2147483647, 2147483648, "1"}
 	// quantityPool: JSON numbers and strings.
-	quantityPool = []any{-1, 0, 1, 0.5, "0", "1", "-1", "100m", "0.5", "1Mi", "-1Mi", "1e3", "1.5Gi", "2Mi", "1Gi", "lots", ""}
-	intOrStringPool = []any{-1, 0, 1, 5, "0", "0%", "1%", "50%", "100%", "101%", "x", "1"}
+	quantityPool     = []any{-1, 0, 1, 0.5, "0", "1", "-1", "100m", "0.5", "1Mi", "-1Mi", "1e3", "1.5Gi", "2Mi", "1Gi", "lots", ""}
+	intOrStringPool  = []any{-1, 0, 1, 5, "0", "0%", "1%", "50%", "100%", "101%", "x", "1"}
 	resourceNamePool = []any{
 		"cpu", "memory", "ephemeral-storage", "storage", "pods", "gpu", "hugepages-2Mi", "hugepages-1Gi", "hugepages-x",
 		"nvidia.com/gpu", "example.com/dev", "kubernetes.io/x", "requests.cpu", "example.com/Bad_", "a/b/c",
