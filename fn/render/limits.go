@@ -94,8 +94,10 @@ func (c Config) checkListSize(s v1alpha1.Spec) Problems {
 // renderer adds is covered.
 func (c Config) checkMounts(s v1alpha1.Spec) Problems {
 	ds := c.daemonSet(NamesFor(c.Namespace, c.Name), nil, metav1.ObjectMeta{})
+	pod := ds.Spec.Template.Spec
 	var p Problems
-	for _, ctr := range ds.Spec.Template.Spec.Containers {
+	reported := map[string]bool{} // the containers share their mounts
+	for _, ctr := range append(pod.InitContainers, pod.Containers...) {
 		first := map[string]string{}
 		for _, m := range ctr.VolumeMounts {
 			prev, dup := first[m.MountPath]
@@ -103,16 +105,19 @@ func (c Config) checkMounts(s v1alpha1.Spec) Problems {
 				first[m.MountPath] = m.Name
 				continue
 			}
+			if reported[m.MountPath] {
+				continue
+			}
+			reported[m.MountPath] = true
 			at, what := mountSource(m.Name, s)
 			_, other := mountSource(prev, s)
 			if at == "" {
-				// The earlier mount is the user's: the agent's own come first.
+				// Report at the user's field, whichever mount came first.
 				at, what = mountSource(prev, s)
 				_, other = mountSource(m.Name, s)
 			}
 			p = append(p, errorf(cmpOr(at, "spec"), "puts %s at %s, where the agent also mounts %s: a container's mount paths must be unique", what, m.MountPath, other))
 		}
-		break // both containers have the same mounts
 	}
 	return p
 }
