@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -24,6 +25,9 @@ type Applier struct {
 	dyn    dynamic.Interface
 	mu     sync.Mutex
 	mapper *restmapper.DeferredDiscoveryRESTMapper
+	// unserved remembers kinds discovery did not know even after a reset,
+	// so that each costs one rediscovery, not one per object.
+	unserved map[schema.GroupVersionKind]error
 }
 
 // NewApplier returns an Applier acting as opts.Token (the admin if empty).
@@ -44,7 +48,7 @@ func (c *Cluster) NewApplier(opts ApplyOptions) (*Applier, error) {
 	if opts.FieldManager == "" {
 		opts.FieldManager = "e2e"
 	}
-	return &Applier{opts: opts, dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}, nil
+	return &Applier{opts: opts, dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), unserved: map[schema.GroupVersionKind]error{}}, nil
 }
 
 // Apply server-side applies one object (a dry run with opts.DryRun) and
@@ -53,10 +57,16 @@ func (c *Cluster) NewApplier(opts ApplyOptions) (*Applier, error) {
 func (a *Applier) Apply(ctx context.Context, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 	gvk := obj.GroupVersionKind()
 	a.mu.Lock()
-	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-	if err != nil {
-		a.mapper.Reset()
+	err, known := a.unserved[gvk]
+	var mapping *meta.RESTMapping
+	if !known {
 		mapping, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			a.mapper.Reset()
+			if mapping, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+				a.unserved[gvk] = err
+			}
+		}
 	}
 	a.mu.Unlock()
 	if err != nil {
