@@ -59,9 +59,9 @@ func isPrefetcher(n *yaml.RNode) bool {
 // kustomize echoes a generator's config as an item; that copy is dropped
 // so that nothing is expanded twice.
 //
-// Transformer mode: otherwise; an ImagePrefetcher functionConfig that is
-// not among the items (kustomize's transformers:) is expanded at the end. Every ImagePrefetcher item is replaced by its
-// expansion, in place. Under kpt, an ImagePrefetcher that is also the
+// Transformer mode: otherwise. Every ImagePrefetcher item is replaced by its
+// expansion, in place; an ImagePrefetcher functionConfig that is not among
+// the items (kustomize's transformers:) is expanded at the end. Under kpt, an ImagePrefetcher that is also the
 // functionConfig (configPath) is the pipeline's config file and stays; its
 // expansion follows it.
 //
