@@ -72,6 +72,7 @@ func handRows() []row {
 		specRow("socket in the list's directory", "spec.criSocket", obj("criSocket", "/etc/image-prefetcher/containerd.sock")),
 		specRow("provider plugins in the socket's directory", "spec.credentialProvider", obj("credentialProvider", obj("configPath", "/run/containerd/cp.yaml", "binDir", "/run/containerd"))),
 		specRow("12,000 images", "spec.images", obj("images", images(12000))),
+		specRow("13,000 images, above 1 MiB", "spec.images", obj("images", images(13000))),
 
 		// Sizes around the limits: client-side apply would fail (a warning),
 		// server-side apply does not.
