@@ -145,12 +145,15 @@ var (
 
 // typeRows walks t (the type at path steps under doc[root]) and adds one
 // row per boundary value of every leaf, and the empty value of every list
-// and object.
-func typeRows(rows *[]row, root string, steps []step, t reflect.Type, depth int) {
+// and object. A field of a kind it has no values for is listed in
+// uncovered, so that a new field of a new shape fails the test instead of
+// going untested.
+func typeRows(rows *[]row, uncovered *[]string, root string, steps []step, t reflect.Type, depth int) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if depth > 12 {
+		*uncovered = append(*uncovered, pathString(root, steps)+" (nested too deep)")
 		return
 	}
 	leaf := func(values []any) {
@@ -183,15 +186,19 @@ func typeRows(rows *[]row, root string, steps []step, t reflect.Type, depth int)
 			leaf([]any{map[string]any{}})
 		}
 		for _, f := range jsonFields(t) {
-			typeRows(rows, root, append(slicesClone(steps), step{name: f.name, typ: f.typ}), f.typ, depth+1)
+			typeRows(rows, uncovered, root, append(slicesClone(steps), step{name: f.name, typ: f.typ}), f.typ, depth+1)
 		}
 	case reflect.Slice:
 		leaf([]any{[]any{}})
-		typeRows(rows, root, append(slicesClone(steps), step{index: true, typ: t.Elem()}), t.Elem(), depth+1)
+		typeRows(rows, uncovered, root, append(slicesClone(steps), step{index: true, typ: t.Elem()}), t.Elem(), depth+1)
 	case reflect.Map:
 		if t.Key().Kind() == reflect.String && t.Elem().Kind() == reflect.String {
 			mapRows(rows, root, steps, stringPool, "v", []any{"k"}, stringPool)
+			return
 		}
+		*uncovered = append(*uncovered, fmt.Sprintf("%s (%s)", pathString(root, steps), t))
+	default:
+		*uncovered = append(*uncovered, fmt.Sprintf("%s (%s)", pathString(root, steps), t))
 	}
 }
 
@@ -322,10 +329,9 @@ func jsonFields(t reflect.Type) []jsonField {
 func slicesClone(s []step) []step { return append([]step(nil), s...) }
 
 // generatedRows: every field of the Spec, down through the Kubernetes types
-// it embeds, at its boundary values.
-func generatedRows() []row {
-	var rows []row
-	typeRows(&rows, "spec", nil, reflect.TypeFor[v1alpha1.Spec](), 0)
+// it embeds, at its boundary values; and the fields it has no values for.
+func generatedRows() (rows []row, uncovered []string) {
+	typeRows(&rows, &uncovered, "spec", nil, reflect.TypeFor[v1alpha1.Spec](), 0)
 	// The metadata the function reads: labels are copied to every object.
 	for _, field := range []string{"labels", "annotations"} {
 		n := len(rows)
@@ -344,5 +350,5 @@ func generatedRows() []row {
 			d["metadata"].(map[string]any)["namespace"] = s
 		}))
 	}
-	return rows
+	return rows, uncovered
 }
