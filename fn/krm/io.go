@@ -18,9 +18,16 @@ import (
 // untouched. Here items keep their order, and an item that passes through
 // is copied from the input text byte for byte (see splice).
 func Run(in []byte) ([]byte, fn.Results, error) {
+	out, results, _, err := RunInvoked(in)
+	return out, results, err
+}
+
+// RunInvoked is Run that also tells which tool invoked the function, for
+// the caller to decide where results are shown.
+func RunInvoked(in []byte) ([]byte, fn.Results, Invoker, error) {
 	rl, err := fn.ParseResourceList(in)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read ResourceList: %w", err)
+		return nil, nil, Kustomize, fmt.Errorf("read ResourceList: %w", err)
 	}
 	// Remember which yaml node each input item is, to recognize it on the
 	// way out. The KubeObject is rebuilt around the same node.
@@ -30,6 +37,12 @@ func Run(in []byte) ([]byte, fn.Results, error) {
 		inputIndex[rn.YNode()] = i
 		rl.Items[i] = fn.MoveToKubeObject(rn)
 	}
+	by := invokedByList(rl)
+	out, results, err := finish(in, rl, inputIndex)
+	return out, results, by, err
+}
+
+func finish(in []byte, rl *fn.ResourceList, inputIndex map[*yaml.Node]int) ([]byte, fn.Results, error) {
 	if _, err := Processor.Process(rl); err != nil {
 		return nil, nil, fmt.Errorf("process: %w", err)
 	}

@@ -9,11 +9,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
-	"github.com/image-prefetcher/image-prefetcher/fn/render"
 )
-
-// localConfig marks an object that orchestrators leave out of their output.
-const localConfig = "config.kubernetes.io/local-config"
 
 // invokedAsGenerator tells, from how the function was called, whether
 // kustomize runs it as a generator. kustomize calls a generator with its
@@ -30,14 +26,24 @@ const localConfig = "config.kubernetes.io/local-config"
 func invokedAsGenerator(items []*yaml.RNode, fc *yaml.RNode) bool {
 	for _, it := range items {
 		echo := isPrefetcher(it) && idOf(it) == idOf(fc) && it.GetAnnotations()[localConfig] == "true"
-		l := it.GetLabels()
-		ours := l[render.LabelManagedBy] == render.ManagedBy && l[render.LabelInstance] == fc.GetName() &&
-			(it.GetNamespace() == "" || it.GetNamespace() == fc.GetNamespace())
+		owner, rendered := ownerOf(it)
+		ours := rendered && owner == instanceOf(fc)
 		if !echo && !ours {
 			return false
 		}
 	}
 	return true
+}
+
+// expandConfig expands an ImagePrefetcher functionConfig of a kustomize
+// transformer (an annotated ImagePrefetcher under transformers:): it
+// declares an instance like a generator's does, unless the same object is
+// also among the resources, which are expanded already.
+func expandConfig(fc *yaml.RNode, items []*yaml.RNode, expand func(*yaml.RNode) *expansion) *expansion {
+	if fc == nil || !isPrefetcher(fc) || slices.ContainsFunc(items, func(it *yaml.RNode) bool { return idOf(it) == idOf(fc) }) {
+		return nil
+	}
+	return expand(fc)
 }
 
 // typoWarnings: an object of the function's API group whose kind the

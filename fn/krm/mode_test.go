@@ -23,7 +23,7 @@ func nodes(t *testing.T, docs ...string) []*yaml.RNode {
 const (
 	ipDoc   = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: demo, namespace: prefetch}\nspec: {images: [debian]}\n"
 	echoDoc = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: demo, namespace: prefetch, annotations: {config.kubernetes.io/local-config: 'true'}}\nspec: {images: [debian]}\n"
-	oursDoc = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: image-prefetcher-demo, namespace: prefetch, labels: {app.kubernetes.io/managed-by: image-prefetcher-fn, app.kubernetes.io/instance: demo}}\n"
+	oursDoc = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: image-prefetcher-demo, namespace: prefetch, labels: {app.kubernetes.io/managed-by: image-prefetcher-fn, app.kubernetes.io/instance: demo}, annotations: {image-prefetcher.stackrox.io/rendered-for: prefetch/demo}}\n"
 	otherIP = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: other, namespace: prefetch}\nspec: {images: [debian]}\n"
 	nsDoc   = "apiVersion: v1\nkind: Namespace\nmetadata: {name: prefetch}\n"
 )

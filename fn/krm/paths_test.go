@@ -23,6 +23,7 @@ func TestPathsAreUniquePerInstance(t *testing.T) {
     annotations:
       internal.config.kubernetes.io/path: '%s'
       internal.config.kubernetes.io/index: '%d'
+      internal.config.kubernetes.io/seqindent: 'compact'
   spec:
     images: [debian:bookworm]
 `, name, ns, file, index)
@@ -30,30 +31,31 @@ func TestPathsAreUniquePerInstance(t *testing.T) {
 	cases := []struct {
 		name  string
 		items string
-		// files are the files the rendered objects go to, in order.
+		// files are the files of the output's objects, in order: under
+		// kpt each intent stays, its expansion in a file next to it.
 		files []string
 	}{
 		{
 			name:  "same name, two namespaces, one file",
 			items: prefetcher("team-1", "a", "prefetchers.yaml", 0) + prefetcher("team-2", "a", "prefetchers.yaml", 1),
-			files: []string{"image-prefetcher.team-1.a.yaml", "image-prefetcher.team-2.a.yaml"},
+			files: []string{"prefetchers.yaml", "image-prefetcher.team-1.a.yaml", "image-prefetcher.team-2.a.yaml"},
 		},
 		{
 			name:  "same name, two namespaces, two files in one directory",
 			items: prefetcher("team-1", "a", "apps/one.yaml", 0) + prefetcher("team-2", "a", "apps/two.yaml", 0),
-			files: []string{"apps/image-prefetcher.team-1.a.yaml", "apps/image-prefetcher.team-2.a.yaml"},
+			files: []string{"apps/one.yaml", "apps/image-prefetcher.team-1.a.yaml", "apps/two.yaml", "apps/image-prefetcher.team-2.a.yaml"},
 		},
 		{
 			// Joined with '-', these two would both be image-prefetcher-a-b-c.
 			name:  "names that run together",
 			items: prefetcher("a-b", "c", "p.yaml", 0) + prefetcher("a", "b-c", "p.yaml", 1),
-			files: []string{"image-prefetcher.a-b.c.yaml", "image-prefetcher.a.b-c.yaml"},
+			files: []string{"p.yaml", "image-prefetcher.a-b.c.yaml", "image-prefetcher.a.b-c.yaml"},
 		},
 		{
 			name: "next to other files of the package",
 			items: "- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: team-1\n    annotations:\n      internal.config.kubernetes.io/path: 'ns.yaml'\n      internal.config.kubernetes.io/index: '0'\n" +
 				prefetcher("team-1", "a", "dev/p.yaml", 0) + prefetcher("team-1", "b", "prod/p.yaml", 0),
-			files: []string{"ns.yaml", "dev/image-prefetcher.team-1.a.yaml", "prod/image-prefetcher.team-1.b.yaml"},
+			files: []string{"ns.yaml", "dev/p.yaml", "dev/image-prefetcher.team-1.a.yaml", "prod/p.yaml", "prod/image-prefetcher.team-1.b.yaml"},
 		},
 	}
 	for _, tc := range cases {

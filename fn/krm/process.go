@@ -15,6 +15,7 @@ import (
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/render"
+	"github.com/image-prefetcher/image-prefetcher/fn/workloads"
 )
 
 // Annotations the function reads or writes.
@@ -59,15 +60,22 @@ func isPrefetcher(n *yaml.RNode) bool {
 // kustomize echoes a generator's config as an item; that copy is dropped
 // so that nothing is expanded twice.
 //
-// Transformer mode: otherwise. Every ImagePrefetcher item is replaced by its
-// expansion, in place; an ImagePrefetcher functionConfig that is not among
-// the items (kustomize's transformers:) is expanded at the end. Under kpt, an ImagePrefetcher that is also the
-// functionConfig (configPath) is the pipeline's config file and stays; its
-// expansion follows it.
+// Transformer mode, kustomize: every ImagePrefetcher item is replaced by
+// its expansion, in place. An upper kustomization running the function
+// again therefore never sees it, and never expands it twice. An
+// ImagePrefetcher functionConfig that is not among the items (an
+// annotated ImagePrefetcher under transformers:) is expanded after them.
 //
-// In both modes, objects this instance rendered earlier (same identity,
-// carrying our labels) are replaced, never duplicated, so the function is
-// idempotent on its own output.
+// kpt: the package is the source of truth and is rendered in place, again
+// and again. Every ImagePrefetcher stays (it is the intent), marked
+// local-config; its expansion goes to a file of its own next to it. With
+// an ImagePrefetcher as functionConfig (configPath, kpt fn eval
+// --fn-config), that one instance is expanded and no other.
+//
+// Every rendered object carries RenderedForAnnotation. An object marked
+// for an instance this run renders is replaced: what it no longer renders
+// is gone. Under kpt, an object marked for an instance that is no longer in
+// the package is removed too. Objects without the mark are never touched.
 func Process(rl *fn.ResourceList) (bool, error) {
 	items := make([]*yaml.RNode, len(rl.Items))
 	for i, ko := range rl.Items {
@@ -93,28 +101,34 @@ func Process(rl *fn.ResourceList) (bool, error) {
 type expansion struct {
 	source *yaml.RNode
 	objs   []*yaml.RNode
+	// file is where kpt writes objs, "" for kustomize's generator mode.
+	file string
 }
 
 func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) {
 	var results fn.Results
-	kpt := false
-	for _, it := range items {
-		a := it.GetAnnotations()
-		if a[pathAnnotation] != "" || a[legacyPath] != "" {
-			kpt = true
-			break
-		}
-	}
+	kpt := InvokedBy(items, fc) == Kpt
 	fcIsIP := fc != nil && isPrefetcher(fc)
 	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
 	lookup := configMapLookup(items)
 	results = append(results, typoWarnings(items, fc)...)
+	// A kustomize generator is given its own configuration and nothing
+	// else: no workload to select.
+	workloadItems := items
+	if generator {
+		workloadItems = nil
+	}
 
 	expand := func(src *yaml.RNode) *expansion {
-		objs, rs := expandOne(src, lookup)
+		objs, rs := expandOne(src, lookup, workloadItems)
 		explain(rs, src, items, generator)
 		results = append(results, rs...)
 		if objs == nil {
+			return nil
+		}
+		if err := markRendered(objs, src); err != nil {
+			results = append(results, &fn.Result{Severity: fn.Error, Message: "cannot mark the rendered objects: " + err.Error(),
+				ResourceRef: refOf(src), Field: &fn.Field{Path: "metadata.annotations"}})
 			return nil
 		}
 		return &expansion{source: src, objs: objs}
@@ -128,7 +142,8 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 		exp *expansion
 	}
 	var slots []slot
-	if generator {
+	switch {
+	case generator:
 		fcID := idOf(fc)
 		for _, it := range items {
 			if isPrefetcher(it) && idOf(it) == fcID {
@@ -148,35 +163,63 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 			exps = append(exps, e)
 			slots = append(slots, slot{at: -1, exp: e})
 		}
-	} else {
-		fcSeen := false
+	case kpt && fcIsIP:
+		// The functionConfig is this step's one instance. Its item (the
+		// configPath file) stays and places the expansion; the content
+		// expanded is the functionConfig's, which differs from the item's
+		// only under kpt fn eval --fn-config.
+		at, place := -1, fc
+		for _, it := range items {
+			if isPrefetcher(it) && idOf(it) == idOf(fc) {
+				if at >= 0 {
+					continue
+				}
+				kept, r := keepIntent(it)
+				results = appendResult(results, r)
+				out = append(out, kept)
+				at, place = len(out), it
+				continue
+			}
+			out = append(out, it)
+		}
+		if e := expand(fc); e != nil {
+			setPaths(e, place)
+			exps = append(exps, e)
+			slots = append(slots, slot{at: at, exp: e})
+		}
+	case kpt:
 		for _, it := range items {
 			if !isPrefetcher(it) {
 				out = append(out, it)
 				continue
 			}
-			keep := fcIsIP && idOf(it) == idOf(fc)
-			if keep {
-				if fcSeen {
-					continue
-				}
-				fcSeen = true
-				out = append(out, it)
-			}
+			kept, r := keepIntent(it)
+			results = appendResult(results, r)
+			out = append(out, kept)
 			if e := expand(it); e != nil {
-				setPaths(e)
+				setPaths(e, it)
 				exps = append(exps, e)
 				slots = append(slots, slot{at: len(out), exp: e})
-			} else if !keep {
+			}
+		}
+	default:
+		for _, it := range items {
+			if !isPrefetcher(it) {
+				out = append(out, it)
+				continue
+			}
+			if e := expand(it); e != nil {
+				setPaths(e, it)
+				exps = append(exps, e)
+				slots = append(slots, slot{at: len(out), exp: e})
+			} else {
 				out = append(out, it)
 			}
 		}
-		if fcIsIP && !fcSeen {
-			if e := expand(fc); e != nil {
-				setPaths(e)
-				exps = append(exps, e)
-				slots = append(slots, slot{at: -1, exp: e})
-			}
+		if e := expandConfig(fc, items, expand); e != nil {
+			setPaths(e, fc)
+			exps = append(exps, e)
+			slots = append(slots, slot{at: -1, exp: e})
 		}
 	}
 	if results.ExitCode() != 0 {
@@ -187,7 +230,13 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 	// same object is dropped; any other object with that identity is a
 	// conflict.
 	rendered := map[id]*expansion{}
+	scope := map[instance]*yaml.RNode{}
+	files := map[string]*expansion{}
 	for _, e := range exps {
+		scope[instanceOf(e.source)] = e.source
+		if e.file != "" {
+			files[e.file] = e
+		}
 		for _, o := range e.objs {
 			oid := idOf(o)
 			if prev, dup := rendered[oid]; dup {
@@ -197,22 +246,45 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 			rendered[oid] = e
 		}
 	}
+	// Under kpt every intent stays in the package: an instance none of
+	// them names any more was renamed or removed.
+	present := map[instance]bool{}
+	if fcIsIP {
+		present[instanceOf(fc)] = true
+	}
+	for _, it := range items {
+		if isPrefetcher(it) {
+			present[instanceOf(it)] = true
+		}
+	}
+	removed := map[instance][]string{}
 	dropped := make([]bool, len(out))
 	for i, it := range out {
+		owner, owned := ownerOf(it)
 		e, clash := rendered[idOf(it)]
-		if !clash {
+		switch {
+		case isPrefetcher(it):
+		case owned && (scope[owner] != nil || kpt && !present[owner]):
+			dropped[i] = true
+			if !clash {
+				removed[owner] = append(removed[owner], idOf(it).String())
+			}
 			continue
-		}
-		l := it.GetLabels()
-		if l[render.LabelManagedBy] == render.ManagedBy && l[render.LabelInstance] == e.source.GetName() {
+		case clash && !owned && isLegacyRendering(it, e.source):
 			dropped[i] = true
 			continue
+		case clash:
+			results = append(results, conflict(e.source, fmt.Sprintf("renders %s, which already exists in the input and was not rendered by this function: rename the instance, or remove or rename that object", idOf(it))))
+			continue
 		}
-		results = append(results, conflict(e.source, fmt.Sprintf("renders %s, which already exists in the input and was not rendered by this function: rename the instance, or remove or rename that object", idOf(it))))
+		if e, taken := files[pathOf(it)]; taken {
+			results = append(results, conflict(e.source, fmt.Sprintf("image-prefetcher-fn writes what this instance renders to %q, but that file holds %s, which the function did not render: move that object to another file, or rename the file", e.file, idOf(it))))
+		}
 	}
 	if results.ExitCode() != 0 {
 		return items, results
 	}
+	results = append(results, removedResults(removed, scope)...)
 
 	final := make([]*yaml.RNode, 0, len(out)+len(rendered))
 	emit := func(at int) {
@@ -233,21 +305,32 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 	return final, results
 }
 
-// setPaths tells kpt where to write new objects: one file per instance,
-// next to the file the ImagePrefetcher came from. kpt rejects two objects
-// with the same path and index, and one directory may hold instances of
-// the same name in different namespaces, so the file is named like the
-// cluster-scoped objects: image-prefetcher.<namespace>.<name>.yaml, unique
-// per instance because neither part can hold a '.'.
-func setPaths(e *expansion) {
-	a := e.source.GetAnnotations()
-	src := a[pathAnnotation]
-	if src == "" {
-		src = a[legacyPath]
+func appendResult(rs fn.Results, r *fn.Result) fn.Results {
+	if r == nil {
+		return rs
 	}
-	file := path.Join(path.Dir(src), render.NamesFor(e.source.GetNamespace(), e.source.GetName()).Cluster+".yaml")
+	return append(rs, r)
+}
+
+// isLegacyRendering recognizes an object rendered for src before the
+// function marked its output: same identity and the function's labels.
+func isLegacyRendering(it, src *yaml.RNode) bool {
+	l := it.GetLabels()
+	return l[render.LabelManagedBy] == render.ManagedBy && l[render.LabelInstance] == src.GetName()
+}
+
+// setPaths tells kpt where to write new objects: one file per instance,
+// next to the file the ImagePrefetcher (place) came from. kpt rejects two
+// objects with the same path and index, and one directory may hold
+// instances of the same name in different namespaces, so the file is named
+// like the cluster-scoped objects: image-prefetcher.<namespace>.<name>.yaml,
+// unique per instance because neither part can hold a '.'. kustomize
+// strips these annotations.
+func setPaths(e *expansion, place *yaml.RNode) {
+	dir := path.Dir(pathOf(place))
+	e.file = path.Join(dir, render.NamesFor(e.source.GetNamespace(), e.source.GetName()).Cluster+".yaml")
 	for i, o := range e.objs {
-		_ = o.PipeE(yaml.SetAnnotation(pathAnnotation, file))
+		_ = o.PipeE(yaml.SetAnnotation(pathAnnotation, e.file))
 		_ = o.PipeE(yaml.SetAnnotation(indexAnnotation, strconv.Itoa(i)))
 	}
 }
@@ -276,12 +359,24 @@ func fileOf(n *yaml.RNode) *fn.File {
 	return &fn.File{Path: p, Index: idx}
 }
 
-// expandOne decodes, validates and renders one ImagePrefetcher.
-func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup) ([]*yaml.RNode, fn.Results) {
+// expandOne decodes, validates and renders one ImagePrefetcher. items are
+// the objects its spec.imageListFrom.workloads selects from; nil when the
+// function cannot see them.
+func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup, items []*yaml.RNode) ([]*yaml.RNode, fn.Results) {
 	var results fn.Results
+	var col *workloads.Collection
 	add := func(ps render.Problems) {
 		for _, p := range ps {
 			r := &fn.Result{Severity: fn.Severity(p.Severity), Message: p.Message, ResourceRef: refOf(src), File: fileOf(src)}
+			if p.Object != nil {
+				// A finding about a selected workload points at it.
+				o := p.Object
+				r.ResourceRef = &fn.ResourceRef{APIVersion: o.APIVersion, Kind: o.Kind, Namespace: o.Namespace, Name: o.Name}
+				r.File = nil
+				if col != nil && col.Node(*o) != nil {
+					r.File = fileOf(col.Node(*o))
+				}
+			}
 			if p.Path != "" {
 				r.Field = &fn.Field{Path: p.Path}
 			}
@@ -297,7 +392,12 @@ func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup) ([]*yaml.RNode, f
 	if probs.HasErrors() {
 		return nil, results
 	}
-	cfg, probs := render.Validate(ip, lookup)
+	sources := render.Sources{ConfigMaps: lookup}
+	if lf := ip.Spec.ImageListFrom; lf != nil && lf.Workloads != nil && items != nil {
+		c := workloads.Collect(items, lf.Workloads)
+		col, sources.Workloads = &c, &c
+	}
+	cfg, probs := render.ValidateSources(ip, sources)
 	add(probs)
 	if probs.HasErrors() {
 		return nil, results

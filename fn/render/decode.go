@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/workloads"
 )
 
 // Severity of a Problem, matching the KRM result severities.
@@ -30,6 +31,10 @@ type Problem struct {
 	// "spec.pull.parallelism" or "spec.images[3]".
 	Path    string
 	Message string
+	// Object, when set, is the object the finding is about, and Path a
+	// field of it: a workload the ImagePrefetcher selected. Otherwise the
+	// finding is about the ImagePrefetcher.
+	Object *workloads.Ref
 }
 
 func errorf(path, format string, args ...any) Problem {

@@ -114,6 +114,9 @@ func (c Config) Hash() string {
 
 // ImageListText is the content of the rendered images.txt.
 func (c Config) ImageListText() string {
+	if c.sections != nil {
+		return sectionText(c.sections)
+	}
 	return strings.Join(c.Images, "\n") + "\n"
 }
 
@@ -294,6 +297,9 @@ func (c Config) flags(subcommand string) []string {
 	}
 	if subcommand == "watch" {
 		f = append(f, "--refresh-interval="+c.RefreshInterval.String())
+	}
+	if subcommand == "fetch" && c.RequireAllImages {
+		f = append(f, "--fail-on-error")
 	}
 	return f
 }

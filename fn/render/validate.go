@@ -62,6 +62,7 @@ type Config struct {
 	MaxConcurrentNodes int32                        `json:"maxConcurrentNodes"`
 	SeedNodes          int32                        `json:"seedNodes,omitempty"`
 	MaxUnavailable     intstr.IntOrString           `json:"maxUnavailable"`
+	RequireAllImages   bool                         `json:"requireAllImages,omitempty"`
 	NodeLabel          bool                         `json:"nodeLabel"`
 	RefreshInterval    time.Duration                `json:"refreshInterval"`
 	AdmissionPolicy    bool                         `json:"admissionPolicy"`
@@ -69,6 +70,11 @@ type Config struct {
 	// rendered object: kustomize's labels/commonLabels reach the
 	// ImagePrefetcher before the function runs, and so reach its output.
 	ExtraLabels map[string]string `json:"extraLabels,omitempty"`
+
+	// sections say where the images came from, as comments of the
+	// rendered list; nil when spec.images is the only source. Comments do
+	// not reach the agent, so they stay out of the hash.
+	sections []section
 }
 
 // DefaultResources are the agent's requests and limits when
@@ -89,6 +95,12 @@ func DefaultResources() corev1.ResourceRequirements {
 // Validate checks every field, applies defaults and resolves the image
 // list. The Config is meaningful only when the Problems hold no error.
 func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Problems) {
+	return ValidateSources(ip, Sources{ConfigMaps: lookup})
+}
+
+// ValidateSources is Validate with every source of images the ResourceList
+// offers.
+func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problems) {
 	var p Problems
 	s := ip.Spec
 	c := Config{Name: ip.Metadata.Name, Namespace: ip.Metadata.Namespace}
@@ -108,7 +120,7 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 		p = append(p, errorf("metadata.namespace", "%q is not a valid namespace name: %s", c.Namespace, strings.Join(validation.IsDNS1123Label(c.Namespace), "; ")))
 	}
 
-	p = append(p, c.resolveImages(s, lookup)...)
+	p = append(p, c.resolveImages(s, src)...)
 
 	switch s.Flavor {
 	case "", v1alpha1.FlavorVanilla:
@@ -292,6 +304,7 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 	// They land on every rendered object and on the agent's pods.
 	p = append(p, checkLabelMap(c.ExtraLabels, "metadata.labels")...)
 
+	c.RequireAllImages = s.Rollout.RequireAllImages != nil && *s.Rollout.RequireAllImages
 	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled
 	c.AdmissionPolicy = s.AdmissionPolicy == nil || *s.AdmissionPolicy
 	if c.NodeLabel && !c.AdmissionPolicy {
@@ -320,7 +333,8 @@ func renamedBy(ip *v1alpha1.ImagePrefetcher) string {
 	return fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, so shorten the name or the prefix/suffix", orig)
 }
 
-func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems {
+func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {
+	lookup := sources.ConfigMaps
 	var p Problems
 	var b imagelist.Builder
 	// Inline references get line = index+1, so that a finding can name the
@@ -341,7 +355,9 @@ func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems
 		ref := src.ConfigMapRef
 		switch {
 		case ref == nil:
-			p = append(p, errorf(cmPath, "is required when imageListFrom is set"))
+			if src.Workloads == nil {
+				p = append(p, errorf(cmPath, "is required when imageListFrom is set and workloads is not"))
+			}
 		case ref.Name == "":
 			p = append(p, errorf(cmPath+".name", "is required"))
 		case ref.Key == "":
@@ -360,9 +376,16 @@ func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems
 			}
 		}
 	}
+	nBefore, nDupsBefore := len(b.List().Entries), len(b.List().Duplicates)
+	var sections []section
+	if s.ImageListFrom != nil && s.ImageListFrom.Workloads != nil {
+		var wp Problems
+		sections, wp = c.addWorkloads(&b, s, sources)
+		p = append(p, wp...)
+	}
 	list := b.List()
 	inlineAt := func(line int) string { return fmt.Sprintf("spec.images[%d]", line-1) }
-	for i, e := range list.Entries {
+	for i, e := range list.Entries[:nBefore] {
 		if e.Err == nil {
 			continue
 		}
@@ -372,7 +395,7 @@ func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems
 			p = append(p, errorf(cmPath, "%s, line %d: %v", cmDesc, e.Line, e.Err))
 		}
 	}
-	for i, d := range list.Duplicates {
+	for i, d := range list.Duplicates[:nDupsBefore] {
 		if i < nInlineDups {
 			p = append(p, warnf(inlineAt(d.Line), "%q duplicates %q of %s; keeping the first", d.Ref, d.FirstRef, inlineAt(d.FirstLine)))
 			continue
@@ -391,8 +414,11 @@ func (c *Config) resolveImages(s v1alpha1.Spec, lookup ConfigMapLookup) Problems
 			c.Images = append(c.Images, e.Normalized)
 		}
 	}
+	if s.ImageListFrom != nil {
+		c.sections = listSections(list, nInline, nBefore, cmDesc, sections)
+	}
 	if len(list.Entries) == 0 && !p.HasErrors() {
-		p = append(p, errorf("spec.images", "the image list is empty: list images in spec.images or in the ConfigMap named by spec.imageListFrom.configMapRef"))
+		p = append(p, errorf("spec.images", "the image list is empty: list images in spec.images, in the ConfigMap named by spec.imageListFrom.configMapRef, or select workloads with spec.imageListFrom.workloads"))
 	}
 	return p
 }

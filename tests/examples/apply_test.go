@@ -101,6 +101,9 @@ func (a *apiServer) dryRunApply(t *testing.T, manifests []byte) {
 	}
 	for _, o := range objs {
 		switch {
+		case o.GetAnnotations()["config.kubernetes.io/local-config"] == "true":
+			// Kept in a kpt package as its intent; kpt live apply and
+			// kustomize leave it out.
 		case o.GroupVersionKind().Group == sccGroup:
 			strictSCC(t, o)
 		case o.GetKind() == "Namespace" && o.GroupVersionKind().Group == "":

@@ -36,6 +36,7 @@ var kustomizeCases = []kustomizeCase{
 	{name: "examples/overlays/ocp", copy: "examples/overlays", from: "overlays", target: "ocp", readme: "examples/overlays/README.md", golden: "examples/overlays/ocp/expected.yaml", ocp: true},
 	{name: "examples/private-registry", copy: "examples/private-registry", from: "private-registry", target: ".", readme: "examples/private-registry/README.md", golden: "examples/private-registry/expected.yaml"},
 	{name: "examples/scheduling", copy: "examples/scheduling", from: "scheduling", target: ".", readme: "examples/scheduling/README.md", golden: "examples/scheduling/expected.yaml"},
+	{name: "examples/workloads", copy: "examples/workloads", from: "workloads", target: ".", readme: "examples/workloads/README.md", golden: "examples/workloads/expected.yaml"},
 }
 
 // TestExamples renders everything users are told to render, with the real
@@ -66,8 +67,11 @@ func TestExamples(t *testing.T) {
 
 	t.Run("kpt", func(t *testing.T) { testKpt(t, tl, api) })
 	t.Run("kpt-examples", func(t *testing.T) { testKptExamples(t, tl, api) })
+	t.Run("kpt-live-apply", func(t *testing.T) { testKptLiveApply(t, tl, api) })
 	t.Run("argocd", func(t *testing.T) { testArgoCD(t, tl, api) })
 	t.Run("flux", func(t *testing.T) { testFlux(t, tl, api) })
+	t.Run("argocd-staged", func(t *testing.T) { testArgoCDStaged(t, tl, api) })
+	t.Run("flux-staged", func(t *testing.T) { testFluxStaged(t, tl, api) })
 	t.Run("scc-namereference", func(t *testing.T) { testSCCNameReferenceWithClusterSchema(t, tl, api) })
 	t.Run("pod-security", func(t *testing.T) { testPodSecurity(t, tl, api) })
 	t.Run("docs-own-overlay", func(t *testing.T) { testDocsOwnOverlay(t, tl, api) })

@@ -17,15 +17,29 @@ import (
 
 // The commands examples/kpt/README.md gives, run from examples/kpt.
 const (
-	kptRenderExec  = "kpt fn render --allow-exec exec -o rendered"
-	kptRenderImage = "KPT_FN_RUNTIME=podman kpt fn render image -o rendered"
-	kptSourceSink  = "kpt fn source exec | kpt fn eval - --exec image-prefetcher-fn | kpt fn sink rendered"
-	kptReadme      = "examples/kpt/README.md"
-	kptGolden      = "examples/kpt/expected"
+	kptRenderInPlace = "kpt fn render --allow-exec exec\n"
+	kptRenderExec    = "kpt fn render --allow-exec exec -o rendered"
+	kptRenderImage   = "KPT_FN_RUNTIME=podman kpt fn render image -o rendered"
+	kptSourceSink    = "kpt fn source exec | kpt fn eval - --exec image-prefetcher-fn | kpt fn sink rendered"
+	kptReadme        = "examples/kpt/README.md"
+	kptGolden        = "examples/kpt/expected"
 )
 
 func testKpt(t *testing.T, tl tools, api *apiServer) {
 	isKptfile := func(name string) bool { return filepath.Base(name) == "Kptfile" }
+
+	// The workflow the README shows first: render in place, commit, kpt
+	// live apply. The package after the render is the golden; what kpt
+	// live apply would send (everything but local-config) passes the
+	// apiserver.
+	t.Run("render-in-place", func(t *testing.T) {
+		tl.readmeDocuments(t, kptReadme, kptRenderInPlace)
+		dir := tl.copyTree(t, "examples/kpt", t.TempDir())
+		tl.run(t, dir, tl.env(), append([]string{tl.kpt}, strings.Fields(kptRenderInPlace)[1:]...)...)
+		pkg := filepath.Join(dir, "exec")
+		tl.goldenDir(t, kptGolden, pkg, nil)
+		api.dryRunApply(t, concatYAML(t, pkg, isKptfile))
+	})
 
 	t.Run("render-exec", func(t *testing.T) {
 		tl.readmeDocuments(t, kptReadme, kptRenderExec)

@@ -285,20 +285,26 @@ func TestKptConfigPath(t *testing.T) {
 	}
 }
 
-// TestKptMutator: no functionConfig; the ImagePrefetcher item is replaced
-// by its expansion, written next to where it was.
+// TestKptMutator: no functionConfig; the ImagePrefetcher item stays, as the
+// intent of the package, and its expansion is written next to it. It was
+// not marked local-config, so the function marks it: that one annotation is
+// the only change to the file.
 func TestKptMutator(t *testing.T) {
 	pkg := copyTree(t, "testdata/kpt/mutator")
 	before := readTree(t, pkg)
 	kptRender(t, pkg)
 	after := readTree(t, pkg)
-	if got, want := strings.Join(names(after), " "), "Kptfile image-prefetcher.prefetch.demo.yaml namespace.yaml"; got != want {
+	if got, want := strings.Join(names(after), " "), "Kptfile image-prefetcher.prefetch.demo.yaml namespace.yaml prefetcher.yaml"; got != want {
 		t.Fatalf("files after render: %s, want %s", got, want)
 	}
 	for _, name := range []string{"Kptfile", "namespace.yaml"} {
 		if !bytes.Equal(after[name], before[name]) {
 			t.Errorf("%s changed:\n%s", name, firstDiff(string(before[name]), string(after[name])))
 		}
+	}
+	marked := strings.Replace(string(before["prefetcher.yaml"]), "  namespace: prefetch\n", "  namespace: prefetch\n  annotations:\n    config.kubernetes.io/local-config: 'true'\n", 1)
+	if got := string(after["prefetcher.yaml"]); got != marked {
+		t.Errorf("prefetcher.yaml after render:\n%s\nwant\n%s", got, marked)
 	}
 	golden(t, "testdata/kpt/mutator.golden.yaml", after["image-prefetcher.prefetch.demo.yaml"])
 

@@ -48,6 +48,25 @@ type Spec struct {
 // ImageListSource names where more images come from.
 type ImageListSource struct {
 	ConfigMapRef *ConfigMapKeyRef `json:"configMapRef,omitempty"`
+	// Workloads selects workloads of the same ResourceList whose pod
+	// templates' images join the list. An object is selected when any
+	// entry matches it; an empty entry ({}) matches every workload.
+	Workloads []WorkloadSelector `json:"workloads,omitempty"`
+}
+
+// WorkloadSelector has the fields and the meaning of a kustomize selector
+// (patches[].target, replacements): group, version, kind, name and
+// namespace are anchored regular expressions, labelSelector and
+// annotationSelector are label-selector expressions. Unset fields match
+// anything.
+type WorkloadSelector struct {
+	Group              string `json:"group,omitempty"`
+	Version            string `json:"version,omitempty"`
+	Kind               string `json:"kind,omitempty"`
+	Name               string `json:"name,omitempty"`
+	Namespace          string `json:"namespace,omitempty"`
+	LabelSelector      string `json:"labelSelector,omitempty"`
+	AnnotationSelector string `json:"annotationSelector,omitempty"`
 }
 
 // ConfigMapKeyRef points at one key of a ConfigMap in the same ResourceList
@@ -112,6 +131,12 @@ type Pull struct {
 // Rollout tunes how the DaemonSet rolls when the list or settings change.
 type Rollout struct {
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// RequireAllImages makes a pod of the DaemonSet ready only once every
+	// image of the list is on its node: the fetch init container exits with
+	// an error when one failed, and the kubelet retries it with back-off.
+	// A staged rollout (docs/staged-rollouts.md) then waits for the images,
+	// not only for the attempt.
+	RequireAllImages *bool `json:"requireAllImages,omitempty"`
 }
 
 // NodeLabel controls the per-instance node label and annotation.

@@ -182,9 +182,10 @@ patches:
 		t.Errorf("overlay label team=%q on the DaemonSet, want platform", l)
 	}
 	// The list combines the patched inline image and the generated
-	// ConfigMap, found under its original name after namePrefix.
+	// ConfigMap, found under its original name after namePrefix; a comment
+	// line names each source.
 	cm := find(t, m, "ConfigMap", "image-prefetcher-dev-demo")
-	if got, want := cm.GetDataMap()["images.txt"], "registry.k8s.io/pause:3.10\ndocker.io/library/debian:bookworm\nquay.io/prometheus/busybox:latest\n"; got != want {
+	if got, want := cm.GetDataMap()["images.txt"], "# spec.images\nregistry.k8s.io/pause:3.10\n# ConfigMap dev/images key \"images.txt\"\ndocker.io/library/debian:bookworm\nquay.io/prometheus/busybox:latest\n"; got != want {
 		t.Errorf("images.txt:\n%s\nwant\n%s", got, want)
 	}
 	if _, ok := cm.GetAnnotations()["kustomize.config.k8s.io/needs-hash"]; ok {

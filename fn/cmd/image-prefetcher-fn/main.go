@@ -30,13 +30,17 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintf(stderr, "image-prefetcher-fn: read stdin: %v\n", err)
 		return 1
 	}
-	out, results, err := krm.Run(in)
+	out, results, by, err := krm.RunInvoked(in)
 	if err != nil {
 		fmt.Fprintf(stderr, "image-prefetcher-fn: %v\n", err)
 		return 1
 	}
-	for _, r := range results {
-		fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", krm.Describe(r))
+	// kpt shows the results of every run; printing them again on stderr
+	// would show each twice. kustomize shows only stderr.
+	if by != krm.Kpt {
+		for _, r := range results {
+			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", krm.Describe(r))
+		}
 	}
 	if _, err := stdout.Write(out); err != nil {
 		fmt.Fprintf(stderr, "image-prefetcher-fn: write stdout: %v\n", err)

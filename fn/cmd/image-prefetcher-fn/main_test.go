@@ -248,6 +248,19 @@ var errorCases = []struct {
 		items: "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: images\n    namespace: platform\n  data:\n    images.txt: debian\n"},
 	{name: "conflicting-object", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- apiVersion: v1\n  kind: ServiceAccount\n  metadata:\n    name: image-prefetcher-demo\n    namespace: prefetch\n"},
+	{name: "workloads-invalid-image", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{kind: Deployment}]\n", asItem: true,
+		items: "- apiVersion: apps/v1\n  kind: Deployment\n  metadata:\n    name: web\n    namespace: shop\n  spec:\n    template:\n      spec:\n        containers:\n        - name: ok\n          image: nginx:1.27\n        - name: bad\n          image: Nginx:1.27\n        volumes:\n        - name: data\n          image: {reference: \"ghcr.io/x/data:v 1\"}\n"},
+	{name: "workloads-invalid-image-kpt-file", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{}]\n", asItem: true,
+		items: "- apiVersion: v1\n  kind: Pod\n  metadata:\n    name: debug\n    namespace: shop\n    annotations:\n      config.kubernetes.io/path: shop/debug.yaml\n      config.kubernetes.io/index: '2'\n  spec:\n    containers:\n    - name: shell\n      image: busybox:1.37\n    initContainers:\n    - name: wait\n      image: busybox::1\n"},
+	{name: "workloads-image-not-string", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{}]\n", asItem: true,
+		items: "- apiVersion: batch/v1\n  kind: CronJob\n  metadata:\n    name: report\n    namespace: shop\n  spec:\n    jobTemplate:\n      spec:\n        template:\n          spec:\n            containers:\n            - name: report\n              image: [nginx]\n"},
+	{name: "workloads-selector-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads:\n    - name: \"web(\"\n      labelSelector: \"tier in (a\"\n    - {}\n", asItem: true},
+	{name: "workloads-empty", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads: []\n", asItem: true},
+	// What kustomize sends a generator: its config, echoed as the one
+	// local-config item.
+	{name: "workloads-in-generator", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads: [{}]\n",
+		items: "- " + strings.ReplaceAll(strings.TrimSpace(baseMeta+"  annotations:\n    config.kubernetes.io/local-config: 'true'\nspec:\n  images: [debian]\n  imageListFrom:\n    workloads: [{}]"), "\n", "\n  ") + "\n"},
+	{name: "workloads-select-nothing", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{namespace: missing}]\n", asItem: true},
 	{name: "duplicate-instance", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- " + strings.ReplaceAll(strings.TrimSpace(baseMeta+"spec:\n  images: [busybox]"), "\n", "\n  ") + "\n"},
 }
