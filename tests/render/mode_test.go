@@ -3,6 +3,8 @@ package render
 import (
 	"strings"
 	"testing"
+
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // TestKustomizeAnnotatedTransformer: the mode follows how kustomize invokes
@@ -18,9 +20,24 @@ func TestKustomizeAnnotatedTransformer(t *testing.T) {
 		t.Fatalf("kustomize build: %v\n%s", r.err, r.stderr)
 	}
 	out := string(r.stdout)
-	for _, want := range []string{"kind: DaemonSet\nmetadata:\n  labels:\n    app.kubernetes.io/instance: demo", "kind: DaemonSet\nmetadata:\n  labels:\n    app.kubernetes.io/instance: other"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q:\n%s", want, out)
+	daemonSets := map[string]bool{}
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var obj struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+		}
+		if err := sigsyaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatalf("output is not YAML: %v\n%s", err, doc)
+		}
+		if obj.Kind == "DaemonSet" {
+			daemonSets[obj.Metadata.Labels["app.kubernetes.io/instance"]] = true
+		}
+	}
+	for _, want := range []string{"demo", "other"} {
+		if !daemonSets[want] {
+			t.Errorf("no DaemonSet for instance %s in the output:\n%s", want, out)
 		}
 	}
 	if strings.Contains(out, "needs-hash") {
