@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -147,6 +149,23 @@ type agent struct {
 	labeler *label.Labeler
 	events  *events.Recorder
 	metrics *metrics.Metrics
+	// releaseGrace bounds giving back the herd-control slot once the run
+	// was terminated (the package's releaseGrace when 0).
+	releaseGrace time.Duration
+	// serveCtx, when set, bounds the metrics server instead of init's
+	// context: fetch's context ends with SIGTERM handling, and /metrics
+	// stays up until the command returns.
+	serveCtx context.Context
+	// onWaiting, when set, is the puller's Waiting hook (watch's keeper).
+	onWaiting func([]pull.Result)
+	// afterPull, when set, is called as soon as a check's pulls are over.
+	afterPull func()
+	// kube is the API client (nil without one); pod and namespace are the
+	// agent's own pod's (empty outside a pod).
+	kube           kube.Interface
+	pod, namespace string
+	// labelMu serializes label rewrites.
+	labelMu sync.Mutex
 }
 
 // newAgent returns an agent that init will set up.
@@ -196,15 +215,13 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	a.entries = list.Entries
 
-	provider := &creds.Provider{Log: log}
 	// An unusable pull secret or plugin config is logged and skipped rather
 	// than fatal: the images that needed it then fail as Unauthorized, and
 	// the label says so, where a crash loop would leave no label at all.
-	for _, p := range f.dockerConfigs {
-		if err := creds.LoadDockerConfig(&provider.Keyring, p); err != nil {
-			log.Error("pull secret unusable; continuing without it", "err", err)
-		}
-	}
+	// The pull secrets are read now, so that a bad one shows in the log at
+	// once, and again whenever the kubelet updates them.
+	provider := &creds.Provider{Log: log, Secrets: &creds.DockerConfigs{Paths: f.dockerConfigs, Log: log}}
+	provider.Secrets.Refresh()
 	if f.providerConfig != "" {
 		if f.providerBinDir == "" {
 			return &ExitCodeError{Code: ExitUsage, Err: errors.New("--image-credential-provider-config needs --image-credential-provider-bin-dir")}
@@ -225,10 +242,11 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		}
 		client = k
 	}
+	a.kube, a.pod, a.namespace = client, pod, ns
 	if f.labelNode {
 		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep}
 	}
-	a.events = &events.Recorder{Client: client, Pod: pod, Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
+	a.events = &events.Recorder{Client: client, Pod: pod, PodUID: deps.Getenv("POD_UID"), Namespace: ns, Component: "image-prefetcher", Host: f.nodeName, Log: log}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
 		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries), Log: log})
@@ -238,7 +256,11 @@ func (a *agent) init(ctx context.Context, args []string) error {
 
 	if f.metricsAddr != "" {
 		a.metrics = metrics.New()
-		if _, err := a.metrics.Serve(ctx, f.metricsAddr, log); err != nil {
+		sctx := ctx
+		if a.serveCtx != nil {
+			sctx = a.serveCtx
+		}
+		if _, err := a.metrics.Serve(sctx, f.metricsAddr, log); err != nil {
 			return err
 		}
 	}
@@ -262,8 +284,9 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		MaxDelay:              f.maxDelay,
 		OverallTimeout:        f.overallTimeout,
 		PermanentAttempts:     f.permanentAttempts,
-		Gate:                  boundedRelease{Gate: gate, grace: releaseGrace, log: log},
+		Gate:                  boundedRelease{Gate: gate, grace: cmp.Or(a.releaseGrace, releaseGrace), log: log},
 		Creds:                 provider,
+		Waiting:               a.onWaiting,
 		Log:                   log,
 		Sleep:                 deps.Sleep,
 	}

@@ -348,7 +348,7 @@ func TestFetchRecordsEventOnOwnPod(t *testing.T) {
 			e.cri.SetBehavior("docker.io/library/typo:1", func(context.Context, int, *runtimeapi.PullImageRequest) error {
 				return fakecri.NotFound("docker.io/library/typo:1")
 			})
-			e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = "prefetch-abc", "ns1"
+			e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"], e.getenv["POD_UID"] = "prefetch-abc", "ns1", "uid-of-prefetch-abc"
 			if code := e.run(e.agentArgs("fetch", tt.images...)...); code != 0 {
 				t.Fatalf("exit %d:\n%s", code, e.logs)
 			}
@@ -362,6 +362,9 @@ func TestFetchRecordsEventOnOwnPod(t *testing.T) {
 			ev := evs.Items[0]
 			if ev.Type != tt.wantType || ev.Reason != tt.wantReason || ev.InvolvedObject.Kind != "Pod" || ev.InvolvedObject.Name != "prefetch-abc" || !strings.Contains(ev.Message, tt.wantMsg) {
 				t.Errorf("event %s %s on %s/%s: %q", ev.Type, ev.Reason, ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Message)
+			}
+			if ev.InvolvedObject.UID != "uid-of-prefetch-abc" {
+				t.Errorf("involvedObject.uid = %q, want POD_UID", ev.InvolvedObject.UID)
 			}
 			if tt.wantType == corev1.EventTypeWarning && !strings.Contains(ev.Message, "typo:1 (NotFound)") {
 				t.Errorf("warning does not name the failed image and reason: %q", ev.Message)

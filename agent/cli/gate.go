@@ -56,7 +56,18 @@ func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return g, nil
+	return slotGate{g}, nil
+}
+
+// slotGate lets the puller see when a slot is lost.
+type slotGate struct{ *slots.Gate }
+
+func (g slotGate) Hold(ctx context.Context) (pull.Slot, error) {
+	h, err := g.Gate.Hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // releaseGrace is how long giving back a slot may hold up a shutdown.
@@ -80,6 +91,36 @@ func (g boundedRelease) Acquire(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	return g.bound(ctx, release), nil
+}
+
+// Hold is Acquire for a gate whose slots can be lost.
+func (g boundedRelease) Hold(ctx context.Context) (pull.Slot, error) {
+	sg, ok := g.Gate.(pull.SlotGate)
+	if !ok {
+		release, err := g.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return boundedSlot{release: release}, nil
+	}
+	s, err := sg.Hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return boundedSlot{release: g.bound(ctx, s.Release), lost: s.Lost()}, nil
+}
+
+type boundedSlot struct {
+	release func()
+	lost    <-chan struct{}
+}
+
+func (s boundedSlot) Release()              { s.release() }
+func (s boundedSlot) Lost() <-chan struct{} { return s.lost }
+
+// bound returns release, limited to grace once ctx is done.
+func (g boundedRelease) bound(ctx context.Context, release func()) func() {
 	return func() {
 		if ctx.Err() == nil {
 			release()
@@ -97,5 +138,5 @@ func (g boundedRelease) Acquire(ctx context.Context) (func(), error) {
 		case <-t.C:
 			g.log.Warn("releasing the pull slot is slow; not waiting for it while terminating (the slot frees itself after its lease duration)", "waited", g.grace)
 		}
-	}, nil
+	}
 }

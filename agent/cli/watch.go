@@ -11,6 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -28,13 +31,20 @@ func newWatch(deps *Deps) *cobra.Command {
 			stoppedAt := doneAt(ctx)
 			f.parsed(cmd)
 			a := newAgent(f, deps)
+			kp := &keeper{a: a}
+			a.onWaiting, a.afterPull = kp.waiting, kp.end
 			// The label must be gone within removeBudget of the signal, however
 			// long the loop takes to notice it.
 			exit := func() error {
 				if !removeOnExit {
 					return nil
 				}
-				return a.removeLabel(ctx, stoppedAt().Add(removeBudget))
+				deadline := stoppedAt().Add(removeBudget)
+				if keep, why := a.stillCovered(ctx, deadline); keep {
+					a.log.Info("keeping the node label: the instance still covers this node", "why", why)
+					return nil
+				}
+				return a.removeLabel(ctx, deadline)
 			}
 			if err := a.init(ctx, args); err != nil {
 				var ce *ExitCodeError
@@ -50,7 +60,9 @@ func newWatch(deps *Deps) *cobra.Command {
 			deps.Ready()
 			if refresh > 0 {
 				a.log.Info("watching", "images", len(a.entries), "refreshInterval", refresh)
+				go kp.repairWhileChecking(ctx, refresh)
 				for {
+					kp.begin()
 					a.check(ctx)
 					if sleepCtx(ctx, jitter(refresh)) != nil {
 						break
@@ -88,6 +100,42 @@ func doneAt(ctx context.Context) func() time.Time {
 	}
 }
 
+// coverageShare is the part of the shutdown budget that asking whether the
+// instance still covers the node may take; removal gets the rest.
+const coverageShare = 3 * time.Second / 2
+
+// stillCovered reports whether the instance's DaemonSet still covers this
+// node, so that the label stays across a rollout: the images stay, and the
+// next pod's fetch rewrites the label. It is false when the DaemonSet is
+// gone or being deleted, when it no longer selects the node, and whenever
+// that cannot be told (outside a pod, no access, API down): the label is
+// then removed as before, so that it never outlives its instance.
+func (a *agent) stillCovered(ctx context.Context, deadline time.Time) (bool, string) {
+	if a.labeler == nil || a.pod == "" || a.namespace == "" {
+		return false, ""
+	}
+	getter, ok := a.kube.(kube.DaemonSetGetter)
+	if !ok {
+		return false, ""
+	}
+	until := time.Now().Add(coverageShare)
+	if deadline.Before(until) {
+		until = deadline
+	}
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	defer cancel()
+	c := coverage.Checker{DaemonSets: getter.DaemonSets(a.namespace), Nodes: a.kube.Nodes(), Pod: a.pod, Node: a.flags.nodeName}
+	covered, why, err := c.Covers(cctx)
+	if err != nil {
+		a.log.Warn("cannot tell whether the instance still covers this node; removing the label", "err", err)
+		return false, ""
+	}
+	if !covered {
+		a.log.Info("the instance no longer covers this node; removing the label", "why", why)
+	}
+	return covered, why
+}
+
 // removeLabel removes this instance's label and annotation, giving up at
 // deadline. ctx is the command's context, already done: only its values
 // are kept.
@@ -115,6 +163,9 @@ func jitter(d time.Duration) time.Duration {
 func (a *agent) check(ctx context.Context) {
 	start := time.Now()
 	results := a.puller.Run(ctx, a.entries, v1alpha1.PullIfNotPresent)
+	if a.afterPull != nil {
+		a.afterPull()
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -125,9 +176,21 @@ func (a *agent) check(ctx context.Context) {
 	}
 	s := summarize(results, time.Since(start))
 	a.observe(s)
+	a.reconcile(ctx, s)
+}
+
+// reconcile rewrites the label and annotation when they drifted from s.
+// Only one reconcile runs at a time: the check loop and the keeper share it.
+func (a *agent) reconcile(ctx context.Context, s label.Summary) {
 	if a.labeler == nil {
 		return
 	}
+	a.labelMu.Lock()
+	defer a.labelMu.Unlock()
+	a.reconcileLocked(ctx, s)
+}
+
+func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 	value, cur, ok, err := a.labeler.Current(ctx)
 	if ctx.Err() != nil {
 		return

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 )
 
@@ -81,19 +82,22 @@ func loadFile(k *Keyring, path string) error {
 		return fmt.Errorf("read docker config: %w", err)
 	}
 	entries, err := ParseDockerConfig(data)
-	if err != nil {
-		// The error never quotes the content: it holds secrets.
-		return fmt.Errorf("docker config %s: %w", path, err)
-	}
 	for key, c := range entries {
 		c.Source = path
 		k.Add(key, c)
+	}
+	if err != nil {
+		// The error never quotes the content: it holds secrets.
+		return fmt.Errorf("docker config %s: %w", path, err)
 	}
 	return nil
 }
 
 // ParseDockerConfig reads either format: {"auths":{key:entry}} or the
-// legacy {key:entry}.
+// legacy {key:entry}. An entry whose auth cannot be decoded is left out and
+// named in the error, and the other entries are still returned: one bad
+// entry must not cost every registry of the Secret its credentials. The
+// error never quotes a value.
 func ParseDockerConfig(data []byte) (map[string]Credential, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
@@ -105,6 +109,7 @@ func ParseDockerConfig(data []byte) (map[string]Credential, error) {
 		}
 	}
 	out := make(map[string]Credential, len(raw))
+	var bad []string
 	for key, msg := range raw {
 		var e dockerConfigEntry
 		if err := json.Unmarshal(msg, &e); err != nil {
@@ -113,13 +118,10 @@ func ParseDockerConfig(data []byte) (map[string]Credential, error) {
 		}
 		c := Credential{Username: e.Username, Password: e.Password, IdentityToken: e.IdentityToken, RegistryToken: e.RegistryToken}
 		if e.Auth != "" {
-			dec, err := base64.StdEncoding.DecodeString(e.Auth)
+			user, pass, err := decodeAuth(e.Auth)
 			if err != nil {
-				return nil, fmt.Errorf("entry %q: auth is not base64", key)
-			}
-			user, pass, ok := strings.Cut(string(dec), ":")
-			if !ok {
-				return nil, fmt.Errorf("entry %q: auth is not user:password", key)
+				bad = append(bad, fmt.Sprintf("entry %q: %v", key, err))
+				continue
 			}
 			c.Username, c.Password = user, pass
 		}
@@ -128,5 +130,29 @@ func ParseDockerConfig(data []byte) (map[string]Credential, error) {
 		}
 		out[key] = c
 	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return out, fmt.Errorf("left out: %s", strings.Join(bad, "; "))
+	}
 	return out, nil
+}
+
+// decodeAuth decodes an entry's auth field as the kubelet does
+// (credentialprovider's decodeDockerConfigFieldAuth): padded base64 when it
+// ends in "=", unpadded (raw) base64 otherwise, then user:password.
+func decodeAuth(field string) (user, pass string, err error) {
+	var dec []byte
+	if strings.HasSuffix(strings.TrimSpace(field), "=") {
+		dec, err = base64.StdEncoding.DecodeString(field)
+	} else {
+		dec, err = base64.RawStdEncoding.DecodeString(field)
+	}
+	if err != nil {
+		return "", "", errors.New("auth is not base64")
+	}
+	user, pass, ok := strings.Cut(string(dec), ":")
+	if !ok {
+		return "", "", errors.New("auth is not user:password")
+	}
+	return user, pass, nil
 }

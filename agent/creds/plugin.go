@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -99,12 +101,30 @@ func LoadProviderConfig(path, binDir string) ([]*Plugin, error) {
 	return out, nil
 }
 
+// DefaultPluginTimeout bounds one run of a credential plugin.
+const DefaultPluginTimeout = time.Minute
+
+// pluginWaitDelay is how long the output pipes stay open after the plugin
+// exited or was killed.
+const pluginWaitDelay = 2 * time.Second
+
+// killGroup kills the plugin's process group: the plugin and every child
+// that did not leave the group.
+func killGroup(cmd *exec.Cmd) error {
+	if cmd.Process == nil {
+		return nil
+	}
+	return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+}
+
 // Plugin runs one kubelet credential-provider exec plugin and caches its
 // answers as the response asks.
 type Plugin struct {
 	Spec                 ProviderSpec
 	Bin                  string
 	DefaultCacheDuration time.Duration
+	// Timeout bounds one run of the plugin (DefaultPluginTimeout when 0).
+	Timeout time.Duration
 	// Now is the clock; tests replace it.
 	Now func() time.Time
 
@@ -193,9 +213,22 @@ func (p *Plugin) exec(ctx context.Context, repo string) (*providerResponse, erro
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	timeout := p.Timeout
+	if timeout <= 0 {
+		timeout = DefaultPluginTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, p.Bin, p.Spec.Args...)
+	// A plugin may leave a child behind (a helper, a CLI it spawned) that
+	// holds its stdout. Killing only the plugin would leave Run waiting for
+	// that child to close the pipe, unbounded by any timeout. So the plugin
+	// gets a process group of its own, the whole group is killed when the
+	// timeout ends, and the pipes are closed pluginWaitDelay after the
+	// plugin exited or was killed, whoever still holds them.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return killGroup(cmd) }
+	cmd.WaitDelay = pluginWaitDelay
 	cmd.Env = os.Environ()
 	for _, e := range p.Spec.Env {
 		cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
@@ -203,7 +236,15 @@ func (p *Plugin) exec(ctx context.Context, repo string) (*providerResponse, erro
 	cmd.Stdin = bytes.NewReader(req)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err = cmd.Run()
+	if errors.Is(err, exec.ErrWaitDelay) {
+		// The plugin exited 0 but something it started kept stdout open:
+		// its answer is complete; the stragglers are not needed.
+		_ = killGroup(cmd)
+		err = nil
+	}
+	if err != nil {
+		_ = killGroup(cmd)
 		msg := strings.TrimSpace(stderr.String())
 		if len(msg) > 300 {
 			msg = msg[:300] + "..."

@@ -12,6 +12,8 @@ import (
 // implements pull.Credentials.
 type Provider struct {
 	Keyring Keyring
+	// Secrets are pull-secret files, read again when they change.
+	Secrets *DockerConfigs
 	Plugins []*Plugin
 	Log     *slog.Logger
 }
@@ -23,7 +25,7 @@ func (p *Provider) Lookup(ctx context.Context, image string) []cri.Auth {
 	if log == nil {
 		log = slog.Default()
 	}
-	creds := p.Keyring.Lookup(image)
+	creds := append(p.Keyring.Lookup(image), p.Secrets.Lookup(image)...)
 	for _, pl := range p.Plugins {
 		c, err := pl.Lookup(ctx, image)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 )
@@ -27,8 +28,12 @@ const maxMessage = 1024
 // Recorder records Events on one Pod. A zero Pod name or namespace turns
 // it into a no-op, so the agent runs outside a pod too.
 type Recorder struct {
-	Client    kube.Interface
-	Pod       string
+	Client kube.Interface
+	Pod    string
+	// PodUID is the Pod's metadata.uid (POD_UID from the downward API).
+	// kubectl describe pod lists only the Events whose involvedObject.uid
+	// is the pod's, so without it the Events exist but are not shown.
+	PodUID    string
 	Namespace string
 	Component string
 	Host      string
@@ -57,7 +62,7 @@ func (r *Recorder) Record(ctx context.Context, ok bool, message string) {
 			GenerateName: r.Pod + ".",
 			Namespace:    r.Namespace,
 		},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: r.Pod, Namespace: r.Namespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Name: r.Pod, Namespace: r.Namespace, UID: types.UID(r.PodUID)},
 		Reason:         reason,
 		Message:        message,
 		Type:           typ,

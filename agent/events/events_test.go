@@ -78,7 +78,7 @@ func TestRecord(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cs := fake.NewClientset()
-			r := &Recorder{Client: clientset.Wrap(cs), Pod: "prefetch-abc", Namespace: "ns1", Component: "image-prefetcher", Host: "node-a"}
+			r := &Recorder{Client: clientset.Wrap(cs), Pod: "prefetch-abc", PodUID: "0b5d9f4e-1c2a-4f5e-9d3b-7a8c6e2f1d00", Namespace: "ns1", Component: "image-prefetcher", Host: "node-a"}
 			r.Record(context.Background(), tt.ok, tt.message)
 			evs, err := cs.CoreV1().Events("ns1").List(context.Background(), metav1.ListOptions{})
 			if err != nil {
@@ -92,6 +92,11 @@ func TestRecord(t *testing.T) {
 				t.Errorf("type %q reason %q message %q", ev.Type, ev.Reason, ev.Message)
 			}
 			io := ev.InvolvedObject
+			// kubectl describe pod lists only Events whose involvedObject.uid
+			// is the pod's.
+			if io.UID != "0b5d9f4e-1c2a-4f5e-9d3b-7a8c6e2f1d00" {
+				t.Errorf("involvedObject.uid = %q, want the pod's UID", io.UID)
+			}
 			if io.Kind != "Pod" || io.Name != "prefetch-abc" || io.Namespace != "ns1" || ev.Source.Component != "image-prefetcher" || ev.Source.Host != "node-a" || ev.Count != 1 {
 				t.Errorf("event %+v", ev)
 			}

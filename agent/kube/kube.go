@@ -79,9 +79,13 @@ func init() {
 type Client struct {
 	core         rest.Interface
 	coordination rest.Interface
+	apps         rest.Interface
 }
 
-var _ Interface = (*Client)(nil)
+var (
+	_ Interface       = (*Client)(nil)
+	_ DaemonSetGetter = (*Client)(nil)
+)
 
 // NewForConfig builds a client. Both API groups share one HTTP client, as
 // they do in client-go's clientset.
@@ -98,7 +102,11 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: core, coordination: coord}, nil
+	apps, err := restClient(cfg, hc, "/apis", appsV1)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{core: core, coordination: coord, apps: apps}, nil
 }
 
 func restClient(base *rest.Config, hc *http.Client, apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {

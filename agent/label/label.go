@@ -26,8 +26,18 @@ import (
 // counted in OmittedFailures.
 const MaxFailures = 20
 
-// maxMessage keeps one failure message from bloating the Node object.
-const maxMessage = 512
+// maxMessage and maxImage keep one failure from bloating the Node object:
+// an invalid reference given as an argument can be of any length.
+const (
+	maxMessage = 512
+	maxImage   = 512
+)
+
+// MaxAnnotationBytes bounds one instance's annotation value. The apiserver
+// rejects a Node whose annotations together exceed 256 KiB, and a rejected
+// patch would leave the node without a label; 16 KiB leaves room for the
+// node's other annotations and for many instances.
+const MaxAnnotationBytes = 16 << 10
 
 // Failure is one image that is not present.
 type Failure struct {
@@ -54,8 +64,15 @@ func NewSummary(total, present int, failures []Failure, d time.Duration, at time
 			s.OmittedFailures = len(failures) - MaxFailures
 			break
 		}
+		f.Image = truncate(f.Image, maxImage)
 		f.Message = truncate(f.Message, maxMessage)
 		s.Failed = append(s.Failed, f)
+	}
+	// JSON escaping can make a message several times longer than its
+	// bytes: the failures listed last are counted instead until it fits.
+	for len(s.Failed) > 0 && len(s.Marshal()) > MaxAnnotationBytes {
+		s.Failed = s.Failed[:len(s.Failed)-1]
+		s.OmittedFailures++
 	}
 	return s
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
@@ -32,6 +33,20 @@ type Credentials interface {
 // is called when pulling is done.
 type Gate interface {
 	Acquire(ctx context.Context) (release func(), err error)
+}
+
+// Slot is a held slot of a gate.
+type Slot interface {
+	Release()
+	// Lost is closed when the slot is lost while held; nil if it cannot be.
+	Lost() <-chan struct{}
+}
+
+// SlotGate is a Gate whose slots can be lost while held (herd control's
+// Leases). The puller stops pulling when that happens, and waits for a
+// slot again.
+type SlotGate interface {
+	Hold(ctx context.Context) (Slot, error)
 }
 
 // NoGate lets every node pull at once.
@@ -65,7 +80,11 @@ type Config struct {
 	// permanent (not found, unauthorized, ...).
 	PermanentAttempts int
 
-	Gate     Gate
+	Gate Gate
+	// Waiting, when set, is called with the results of the ImageStatus
+	// pass just before a slot is asked for, when something needs pulling:
+	// watch uses it to tell the truth about a missing image while it waits.
+	Waiting  func(results []Result)
 	Creds    Credentials
 	Observer Observer
 	Log      *slog.Logger
@@ -166,63 +185,174 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 		policy = p.cfg.Policy
 	}
 	results := make([]Result, len(entries))
-	var todo []int
+	var check []int
+	pullAnyway := make([]bool, len(entries))
 	for i, e := range entries {
-		r := Result{Image: e.Ref, Normalized: e.Normalized}
+		results[i] = Result{Image: e.Ref, Normalized: e.Normalized}
 		if e.Err != nil {
-			r.Reason, r.Message = ReasonInvalidReference, e.Err.Error()
-			results[i] = r
+			results[i].Reason, results[i].Message = ReasonInvalidReference, e.Err.Error()
 			continue
 		}
-		results[i] = r
-		if p.needsPull(ctx, &results[i], policy) {
+		if policy == v1alpha1.PullAlways || policy == v1alpha1.PullKubelet && imagelist.PullAlways(e.Normalized) {
+			pullAnyway[i] = true
+			continue
+		}
+		check = append(check, i)
+	}
+	// Under IfNotPresent, a present image costs one ImageStatus call and no
+	// registry traffic.
+	statusFailed := make([]bool, len(entries))
+	for k, err := range p.statusAll(ctx, results, check) {
+		if err != nil {
+			i := check[k]
+			p.cfg.Log.Warn("image status failed; pulling, and looking again if the pull fails", "image", results[i].Normalized, "err", err)
+			statusFailed[i] = true
+		}
+	}
+	var todo []int
+	for i, e := range entries {
+		if e.Err == nil && (pullAnyway[i] || !results[i].Present) {
 			todo = append(todo, i)
 		}
 	}
 	if len(todo) == 0 {
 		return results
 	}
-	release, err := p.cfg.Gate.Acquire(ctx)
-	if err != nil {
-		for _, i := range todo {
-			results[i].Reason, results[i].Message = ReasonTimeout, fmt.Sprintf("waiting for a pull slot: %v", err)
-		}
-		return results
+	if p.cfg.Waiting != nil {
+		p.cfg.Waiting(results)
 	}
-	defer release()
-
-	pctx, cancel := context.WithTimeout(ctx, p.cfg.OverallTimeout)
-	defer cancel()
-	jobs := make([]*job, len(todo))
+	pending := make([]*job, len(todo))
 	for k, i := range todo {
-		jobs[k] = p.newJob(&results[i])
+		pending[k] = p.newJob(&results[i])
+		pending[k].statusFailed = statusFailed[i]
 	}
-	p.pullAll(pctx, jobs)
+	// --overall-timeout counts only the time a slot is held: a slot lost
+	// on the way (see holdAndPull) is waited for again off the clock.
+	budget := p.cfg.OverallTimeout
+	for again := false; len(pending) > 0; again = true {
+		var err error
+		pending, budget, err = p.holdAndPull(ctx, pending, budget)
+		if err != nil {
+			what := "waiting for a pull slot"
+			if again {
+				what = "waiting for a pull slot again, after losing one"
+			}
+			for _, j := range pending {
+				j.r.Reason, j.r.Message = ReasonTimeout, fmt.Sprintf("%s: %v", what, err)
+			}
+			break
+		}
+	}
+	p.recheck(ctx, results, todo, statusFailed)
 	return results
 }
 
-// needsPull applies the pull policy. A present image under IfNotPresent
-// costs one ImageStatus call and no registry traffic.
-func (p *Puller) needsPull(ctx context.Context, r *Result, policy v1alpha1.PullPolicy) bool {
-	switch policy {
-	case v1alpha1.PullAlways:
-		return true
-	case v1alpha1.PullKubelet:
-		if imagelist.PullAlways(r.Normalized) {
-			return true
+// ErrSlotLost is the cause of a pull run's context ending because its
+// herd-control slot was lost.
+var ErrSlotLost = errors.New("the pull slot was lost")
+
+// holdAndPull takes a slot and pulls jobs while it is held, for at most
+// budget. If the slot is lost meanwhile (a holder that cannot renew its
+// Lease for two thirds of its duration, say during an API outage), the
+// calls in flight are cancelled and no new ones start: after the full
+// lease duration another node may take the slot, and the cap must hold.
+// It returns the jobs that were interrupted that way, and what is left of
+// the budget.
+func (p *Puller) holdAndPull(ctx context.Context, jobs []*job, budget time.Duration) ([]*job, time.Duration, error) {
+	slot, err := p.hold(ctx)
+	if err != nil {
+		return jobs, budget, err
+	}
+	defer slot.Release()
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, max(budget, 0))
+	defer cancel()
+	lctx, lose := context.WithCancelCause(pctx)
+	defer lose(nil)
+	if lost := slot.Lost(); lost != nil {
+		go func() {
+			select {
+			case <-lost:
+				lose(ErrSlotLost)
+			case <-lctx.Done():
+			}
+		}()
+	}
+	left := p.pullAll(lctx, jobs)
+	if len(left) > 0 {
+		p.cfg.Log.Warn("lost the pull slot; stopped pulling until a slot is held again", "images", len(left))
+	}
+	return left, budget - time.Since(start), nil
+}
+
+// hold takes a slot from the gate.
+func (p *Puller) hold(ctx context.Context) (Slot, error) {
+	if g, ok := p.cfg.Gate.(SlotGate); ok {
+		return g.Hold(ctx)
+	}
+	release, err := p.cfg.Gate.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return plainSlot(release), nil
+}
+
+// plainSlot is a slot that cannot be lost.
+type plainSlot func()
+
+func (s plainSlot) Release()            { s() }
+func (plainSlot) Lost() <-chan struct{} { return nil }
+
+// slotLost reports whether ctx ended because the slot was lost.
+func slotLost(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrSlotLost) }
+
+// recheck looks again at the images whose ImageStatus call failed and that
+// are still reported missing (the run ended before an attempt could look,
+// or the wait for a pull slot failed): an image that is there is present,
+// whatever the pull said.
+func (p *Puller) recheck(ctx context.Context, results []Result, todo []int, statusFailed []bool) {
+	if ctx.Err() != nil {
+		return
+	}
+	var again []int
+	for _, i := range todo {
+		if statusFailed[i] && !results[i].Present {
+			again = append(again, i)
 		}
 	}
-	info, err := p.rt.ImageStatus(ctx, r.Normalized)
-	if err != nil {
-		p.cfg.Log.Warn("image status failed; pulling", "image", r.Normalized, "err", err)
-		return true
+	for k, err := range p.statusAll(ctx, results, again) {
+		if i := again[k]; err == nil && results[i].Present {
+			results[i].Reason, results[i].Message = "", ""
+			p.cfg.Log.Info("image is present after all; its first ImageStatus call had failed", "image", results[i].Normalized)
+		}
 	}
-	if info == nil {
-		return true
+}
+
+// statusAll asks the runtime about results[i] for every i in idx, at most
+// StatusParallelism calls at once, and marks the present ones. It returns
+// each call's error, in idx order.
+func (p *Puller) statusAll(ctx context.Context, results []Result, idx []int) []error {
+	errs := make([]error, len(idx))
+	sem := make(chan struct{}, StatusParallelism)
+	var wg sync.WaitGroup
+	for k, i := range idx {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r := &results[i]
+			info, err := p.rt.ImageStatus(ctx, r.Normalized)
+			if err != nil {
+				errs[k] = err
+				return
+			}
+			if info != nil {
+				r.Present, r.Bytes = true, info.Size
+				p.cfg.Log.Debug("image present", "image", r.Normalized)
+			}
+		})
 	}
-	r.Present, r.Bytes = true, info.Size
-	p.cfg.Log.Debug("image present", "image", r.Normalized)
-	return false
+	wg.Wait()
+	return errs
 }
 
 // job is one image being pulled: its result and its retry state.
@@ -230,13 +360,14 @@ type job struct {
 	r              *Result
 	log            *slog.Logger
 	start          time.Time
-	auths          []cri.Auth
-	lookedUp       bool
 	attemptTimeout time.Duration
 	delay          time.Duration
 	permanent      int
 	lastErr        error
 	lastReason     string
+	// statusFailed: ImageStatus failed before the pull, so the image may be
+	// there after all.
+	statusFailed bool
 }
 
 func (p *Puller) newJob(r *Result) *job {
@@ -254,6 +385,8 @@ type attemptDone struct {
 	j     *job
 	err   error
 	bytes uint64
+	// found: the attempt failed but the image turned out to be present.
+	found bool
 }
 
 // backoffDone says that an image's delay before its next attempt is over;
@@ -275,14 +408,18 @@ type backoffDone struct {
 //
 // Only this goroutine touches the queue, the counters and the results; the
 // goroutines it starts report back on channels.
-func (p *Puller) pullAll(ctx context.Context, queue []*job) {
+func (p *Puller) pullAll(ctx context.Context, queue []*job) (interrupted []*job) {
 	attempts := make(chan attemptDone)
 	backoffs := make(chan backoffDone)
 	inFlight, sleeping := 0, 0
 	for {
 		if ctx.Err() != nil {
-			for _, j := range queue {
-				p.giveUp(ctx, j)
+			if slotLost(ctx) {
+				interrupted = append(interrupted, queue...)
+			} else {
+				for _, j := range queue {
+					p.giveUp(ctx, j)
+				}
 			}
 			queue = nil
 		}
@@ -297,7 +434,7 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 			go func() { attempts <- p.runAttempt(ctx, j) }()
 		}
 		if inFlight == 0 && sleeping == 0 && len(queue) == 0 {
-			return
+			return interrupted
 		}
 		// Queued images are given up on as soon as the run ends, without
 		// waiting for the calls in flight to notice.
@@ -308,6 +445,12 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 		select {
 		case d := <-attempts:
 			inFlight--
+			if d.err != nil && slotLost(ctx) {
+				// Cut short by the lost slot: not the image's failure.
+				d.j.r.Attempts--
+				interrupted = append(interrupted, d.j)
+				continue
+			}
 			if wait, retry := p.settle(ctx, d); retry {
 				sleeping++
 				go func() { backoffs <- backoffDone{d.j, p.cfg.Sleep(ctx, wait)} }()
@@ -315,7 +458,11 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 		case b := <-backoffs:
 			sleeping--
 			if b.err != nil {
-				p.giveUp(ctx, b.j)
+				if slotLost(ctx) {
+					interrupted = append(interrupted, b.j)
+				} else {
+					p.giveUp(ctx, b.j)
+				}
 				continue
 			}
 			queue = append(queue, b.j)
@@ -327,11 +474,22 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) {
 // runAttempt makes one attempt while holding a slot. The credential lookup
 // and the size query after a success also run here, because both may be slow
 // (an exec plugin, a busy runtime) and must not stall the other images.
+// Credentials are looked up again for every attempt, as the kubelet does for
+// every pull: a plugin that failed once (throttled by its cloud API) is asked
+// again, and a rotated pull secret is used at once. Plugins cache their
+// answers as they ask, so this costs no extra plugin runs.
 func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
-	if !j.lookedUp {
-		j.auths, j.lookedUp = p.cfg.Creds.Lookup(ctx, j.r.Normalized), true
+	auths := p.cfg.Creds.Lookup(ctx, j.r.Normalized)
+	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, auths, j.attemptTimeout)}
+	if d.err != nil && j.statusFailed {
+		// The pull was made only because ImageStatus failed; a registry
+		// that cannot be reached must not turn a present image into a
+		// failure.
+		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
+			d.err, d.found, d.bytes = nil, true, info.Size
+		}
+		return d
 	}
-	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Normalized, j.auths, j.attemptTimeout)}
 	if d.err == nil {
 		if info, err := p.rt.ImageStatus(ctx, j.r.Normalized); err == nil && info != nil {
 			d.bytes = info.Size
@@ -344,6 +502,11 @@ func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
 // attempt, and false when the image is done: pulled, or given up on.
 func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool) {
 	j, r := d.j, d.j.r
+	if d.found {
+		r.Present, r.Reason, r.Message, r.Bytes = true, "", "", d.bytes
+		j.log.Info("image is present after all; its ImageStatus call had failed, and the pull failed too", "attempts", r.Attempts)
+		return 0, false
+	}
 	if d.err == nil {
 		r.Present, r.Pulled, r.Reason, r.Message = true, true, "", ""
 		r.Duration, r.Bytes = time.Since(j.start), d.bytes
@@ -429,3 +592,8 @@ func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, time
 
 // ErrNoImages is returned when a list has no entries at all.
 var ErrNoImages = errors.New("the image list is empty")
+
+// StatusParallelism bounds the ImageStatus calls made at once. They only
+// read the runtime's metadata, so several at once cost little, and a stuck
+// runtime then costs one call's timeout per batch rather than per image.
+const StatusParallelism = 8

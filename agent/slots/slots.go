@@ -50,6 +50,9 @@ const (
 	DefaultPollInterval = 2 * time.Second
 	// DefaultCallTimeout bounds every single API call.
 	DefaultCallTimeout = 10 * time.Second
+	// DefaultForbiddenFor: a restarted apiserver answers Forbidden until
+	// its RBAC caches are filled, which takes seconds.
+	DefaultForbiddenFor = 30 * time.Second
 
 	// SeededAnnotation on the slot-0 Lease says that a seed node has
 	// finished pulling. Its value is the Config.SeedKey of that seed.
@@ -111,6 +114,9 @@ type Config struct {
 	PollInterval time.Duration
 	// CallTimeout bounds each API call. Default DefaultCallTimeout.
 	CallTimeout time.Duration
+	// ForbiddenFor is how long every slot may answer Forbidden before the
+	// wait ends with an error (missing RBAC). Default DefaultForbiddenFor.
+	ForbiddenFor time.Duration
 	// Logger receives progress and problems. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -162,6 +168,9 @@ func New(cfg Config) (*Gate, error) {
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
+	if cfg.ForbiddenFor <= 0 {
+		cfg.ForbiddenFor = DefaultForbiddenFor
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -197,6 +206,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 		g:      g,
 		id:     g.cfg.Identity + "-" + randomSuffix(),
 		seen:   make([]observation, g.cfg.Slots),
+		denied: make([]bool, g.cfg.Slots),
 		seeded: g.cfg.SeedNodes == 0,
 		next:   randomIntN(g.cfg.Slots),
 	}
@@ -244,6 +254,13 @@ type waiter struct {
 	seen   []observation
 	seeded bool
 	next   int
+	// denied marks the slots the API refused us (Forbidden). When
+	// maxConcurrentNodes is lowered, the Role loses the higher slot names
+	// at once while old pods still count them; those are skipped.
+	denied []bool
+	// allDenied is when every eligible slot was first found forbidden;
+	// zero while some slot is not.
+	allDenied time.Time
 }
 
 // eligible is the number of slots that may be taken now.
@@ -267,21 +284,18 @@ func (w *waiter) round(ctx context.Context, sweep bool) (*Holding, error) {
 		}
 	}
 	n := w.eligible()
-	left := n // distinct slots not yet read in this round
-	if tried0 {
-		left--
-	}
-	count := min(1, left)
-	if sweep {
-		count = left
-	}
-	for tried := 0; tried < count; {
-		i := w.next % n
-		w.next = (i + 1) % w.g.cfg.Slots
-		if i == 0 && tried0 {
-			continue
+	var candidates []int // eligible slots not yet read in this round, round-robin
+	for k := range n {
+		i := (w.next + k) % n
+		if !(i == 0 && tried0) && !w.denied[i] {
+			candidates = append(candidates, i)
 		}
-		tried++
+	}
+	if !sweep {
+		candidates = candidates[:min(1, len(candidates))]
+	}
+	for _, i := range candidates {
+		w.next = (i + 1) % w.g.cfg.Slots
 		if h, err := w.try(ctx, i); h != nil || err != nil {
 			return h, err
 		}
@@ -301,13 +315,14 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 		seed := !w.seeded
 		created, err := g.create(ctx, g.newLease(name, w.id, now))
 		if err != nil {
-			return nil, w.g.failed("create", name, err)
+			return nil, w.failed("create", i, err)
 		}
 		return g.newHolding(created, i, w.id, seed, now), nil
 	}
 	if err != nil {
-		return nil, g.failed("get", name, err)
+		return nil, w.failed("get", i, err)
 	}
+	w.allDenied = time.Time{}
 	if i == 0 && !w.seeded && seededBy(lease, g.seedValue()) {
 		w.seeded = true
 		g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
@@ -334,9 +349,42 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	next.Spec.LeaseTransitions = &transitions
 	updated, err := g.update(ctx, next)
 	if err != nil {
-		return nil, g.failed("update", name, err)
+		return nil, w.failed("update", i, err)
 	}
 	return g.newHolding(updated, i, w.id, seed, now), nil
+}
+
+// failed is Gate.failed for slot i, except that Forbidden ends the wait
+// only once every eligible slot was refused: after maxConcurrentNodes was
+// lowered, the slots still named in the Role are free to use.
+func (w *waiter) failed(verb string, i int, err error) error {
+	g := w.g
+	name := SlotName(g.cfg.Instance, i)
+	if !apierrors.IsForbidden(err) {
+		return g.failed(verb, name, err)
+	}
+	if !w.denied[i] {
+		w.denied[i] = true
+		g.log.Warn("not allowed to use this pull slot (was maxConcurrentNodes lowered?); skipping it", "slot", name, "verb", verb, "err", err)
+	}
+	for k := range w.eligible() {
+		if !w.denied[k] {
+			return nil
+		}
+	}
+	// Every slot refused. An apiserver that has just restarted answers
+	// Forbidden for a moment, until its RBAC caches are filled; missing
+	// RBAC does not go away. So the slots are read again for a while,
+	// then the wait ends.
+	now := g.now()
+	if w.allDenied.IsZero() {
+		w.allDenied = now
+	}
+	if now.Sub(w.allDenied) >= g.cfg.ForbiddenFor {
+		return fmt.Errorf("%s Lease %s/%s (every slot refused for %s): %w", verb, g.cfg.Namespace, name, g.cfg.ForbiddenFor, err)
+	}
+	clear(w.denied)
+	return nil
 }
 
 // failed turns an API error from a waiter into what the caller should do:

@@ -311,7 +311,7 @@ func TestAPIErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakeAPI(t)
-			g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour}, 0)
+			g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, ForbiddenFor: 50 * time.Millisecond}, 0)
 			n := 0
 			f.setHook(func(string, string, *coordinationv1.Lease) error {
 				if tt.failures >= 0 && n >= tt.failures {

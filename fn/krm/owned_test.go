@@ -108,7 +108,7 @@ func objectsOf(ns, name, file string) []string {
 	}
 	var out []string
 	for _, o := range []string{"ServiceAccount " + ns + "/" + n, "ClusterRole " + c, "ClusterRoleBinding " + c, "Role " + ns + "/" + n, "RoleBinding " + ns + "/" + n,
-		"ConfigMap " + ns + "/" + n, "DaemonSet " + ns + "/" + n, "ValidatingAdmissionPolicy " + c, "ValidatingAdmissionPolicyBinding " + c} {
+		"ConfigMap " + ns + "/" + n + "-images", "DaemonSet " + ns + "/" + n, "ValidatingAdmissionPolicy " + c, "ValidatingAdmissionPolicyBinding " + c} {
 		out = append(out, o+tail)
 	}
 	return out
@@ -138,7 +138,7 @@ func TestOwnership(t *testing.T) {
 			edit:    func(s string) string { return strings.Replace(s, "name: web\n", "name: web2\n", 1) },
 			want:    append([]string{"ImagePrefetcher prefetch/web2 @ p.yaml"}, objectsOf("prefetch", "web2", "image-prefetcher.prefetch.web2.yaml")...),
 			wantInfo: "removed what image-prefetcher-fn rendered earlier for ImagePrefetcher prefetch/web, which is no longer in the package: " +
-				"ClusterRole image-prefetcher.prefetch.web, ClusterRoleBinding image-prefetcher.prefetch.web, ConfigMap prefetch/image-prefetcher-web, DaemonSet prefetch/image-prefetcher-web, " +
+				"ClusterRole image-prefetcher.prefetch.web, ClusterRoleBinding image-prefetcher.prefetch.web, ConfigMap prefetch/image-prefetcher-web-images, DaemonSet prefetch/image-prefetcher-web, " +
 				"Role prefetch/image-prefetcher-web, RoleBinding prefetch/image-prefetcher-web, ServiceAccount prefetch/image-prefetcher-web, " +
 				"ValidatingAdmissionPolicy image-prefetcher.prefetch.web, ValidatingAdmissionPolicyBinding image-prefetcher.prefetch.web",
 		},

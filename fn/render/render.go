@@ -37,9 +37,14 @@ const (
 
 // Names of the rendered objects of an instance.
 type Names struct {
-	// Namespaced objects: ServiceAccount, ConfigMap, DaemonSet, Role,
-	// RoleBinding.
+	// Namespaced objects: ServiceAccount, DaemonSet, Role, RoleBinding.
 	Namespaced string
+	// ImageList names the list ConfigMap. It must differ from the
+	// DaemonSet's name: kustomize rewrites every Role resourceName equal
+	// to a ConfigMap's name when it renames that ConfigMap (the hash suffix
+	// of generator mode), without looking at the rule's resource, and the
+	// Role's get on the instance's own DaemonSet is by name.
+	ImageList string
 	// SCCRole names the Role and RoleBinding granting "use" on the SCC.
 	SCCRole string
 	// Cluster-scoped objects include the namespace. Namespaces and instance
@@ -55,6 +60,7 @@ func NamesFor(ns, name string) Names {
 		Cluster:    AppName + "." + ns + "." + name,
 	}
 	n.SCCRole = n.Namespaced + "-scc"
+	n.ImageList = n.Namespaced + "-images"
 	return n
 }
 
@@ -171,7 +177,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 		&rbacv1.Role{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
 			ObjectMeta: meta(n.Namespaced, true),
-			Rules:      c.roleRules(),
+			Rules:      append(c.roleRules(), ownDaemonSetRule(n.Namespaced)),
 		},
 		&rbacv1.RoleBinding{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -199,7 +205,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	objs = append(objs,
 		&corev1.ConfigMap{
 			TypeMeta:   typ("v1", "ConfigMap"),
-			ObjectMeta: meta(n.Namespaced, true),
+			ObjectMeta: meta(n.ImageList, true),
 			// The list is set on the node below: a long string is slow to
 			// push through JSON and back.
 			Data: map[string]string{v1alpha1.ImageListKey: ""},
@@ -254,6 +260,13 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 		)
 	}
 	return rules
+}
+
+// ownDaemonSetRule lets watch read its own DaemonSet, and nothing else, so
+// that it keeps the node key across a rollout and removes it only when the
+// DaemonSet is gone, being deleted, or no longer selects the node.
+func ownDaemonSetRule(name string) rbacv1.PolicyRule {
+	return rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{name}, Verbs: []string{"get"}}
 }
 
 // Volume names inside the pod.
@@ -315,7 +328,7 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 	}
 	volumes := []corev1.Volume{
 		{Name: volImageList, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-			LocalObjectReference: corev1.LocalObjectReference{Name: n.Namespaced},
+			LocalObjectReference: corev1.LocalObjectReference{Name: n.ImageList},
 		}}},
 		{Name: volCRISocket, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: socketDir, Type: &dirType}}},
 	}
@@ -340,6 +353,9 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+		// kubectl describe pod shows an Event only when its
+		// involvedObject.uid is the pod's.
+		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.uid"}}},
 		{Name: "INSTANCE_NAME", Value: c.Name},
 	}
 	f, root := false, int64(0)

@@ -55,6 +55,17 @@ func Test01HappyPath(t *testing.T) {
 		t.Errorf("Prefetched Event message %q does not report 10/10 images", evs[0].Message)
 	}
 	e.waitRolledOut(t, d, 2)
+	// kubectl describe pod lists an Event only when its involvedObject.uid
+	// is the pod's: POD_UID comes from the downward API.
+	for _, ev := range evs {
+		pod, err := e.cs.CoreV1().Pods(d.Namespace).Get(context.Background(), ev.InvolvedObject.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("Event %s names pod %s: %v", ev.Name, ev.InvolvedObject.Name, err)
+		}
+		if ev.InvolvedObject.UID == "" || ev.InvolvedObject.UID != pod.UID {
+			t.Errorf("Event %s: involvedObject.uid %q, want the pod's %q (kubectl describe pod would not show it)", ev.Name, ev.InvolvedObject.UID, pod.UID)
+		}
+	}
 }
 
 // Scenario 2: a nodeSelector limits the DaemonSet to one node; the other

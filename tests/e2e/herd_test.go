@@ -4,17 +4,21 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
 )
@@ -300,6 +304,11 @@ func Test15HerdCap(t *testing.T) {
 		t.Fatalf("%s released %s before a blob transfer was seen: %s", victimID, slot0, mid)
 	}
 	logf(t, "%s (on %s) holds %s and pulls (%d blob transfers open); deleting its pod with grace 0", victimID, victim.Name, slot0, mid.inflight)
+	// A crash, not a termination: fetch gives its slot back on SIGTERM, and
+	// both leaving the nodeSelector and a delete with grace 0 send SIGTERM
+	// first. The holder is frozen (SIGSTOP) before either, so it neither
+	// renews nor releases; the delete's SIGKILL ends it.
+	freezeFetch(t, ctx, e, victim, ns, victimPod)
 	// Out of the nodeSelector first, and seen so by the DaemonSet
 	// controller, so that it does not start a replacement on that node.
 	e.setNodeLabel(t, victim.Name, herdNodeLabel, "")
@@ -515,4 +524,43 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// freezeFetch stops the fetch process of pod on node with SIGSTOP, found
+// through the node's CRI: a holder that hangs, or a crash, as far as the
+// Lease can tell.
+func freezeFetch(t *testing.T, ctx context.Context, e env, node *cluster.Node, ns, pod string) {
+	t.Helper()
+	p, err := e.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	for _, st := range p.Status.InitContainerStatuses {
+		if st.Name == "fetch" {
+			_, id, _ = strings.Cut(st.ContainerID, "://")
+		}
+	}
+	if id == "" {
+		t.Fatalf("pod %s has no fetch container ID: %+v", pod, p.Status.InitContainerStatuses)
+	}
+	cri, err := node.CRI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cri.Close()
+	st, err := cri.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatalf("status of fetch of %s on %s: %v", pod, node.Name, err)
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(st.GetInfo()["info"]), &info); err != nil || info.Pid <= 1 {
+		t.Fatalf("no pid in the verbose status of fetch of %s: %v %q", pod, err, st.GetInfo()["info"])
+	}
+	if err := syscall.Kill(info.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP fetch of %s (pid %d): %v", pod, info.Pid, err)
+	}
+	logf(t, "froze fetch of %s on %s (pid %d)", pod, node.Name, info.Pid)
 }

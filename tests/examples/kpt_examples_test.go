@@ -80,10 +80,10 @@ var kptCases = []kptCase{
 		files: []string{"namespace.yaml", "imageprefetcher.yaml"},
 		kustomizeOnly: []string{
 			"generators: imageprefetcher.yaml (kpt has no generators; the ImagePrefetcher is an ordinary resource of the package, and its config.kubernetes.io/function annotation means nothing to kpt)",
-			"the content hash kustomize appends to a generator's ConfigMap (image-prefetcher-quickstart-<hash>) and to the DaemonSet's reference to it",
+			"the content hash kustomize appends to a generator's ConfigMap (image-prefetcher-quickstart-images-<hash>) and to the DaemonSet's reference to it",
 		},
 		golden:   "examples/quickstart/expected-kpt.yaml",
-		sameUpTo: stripHashSuffix("image-prefetcher-quickstart"),
+		sameUpTo: stripHashSuffix("image-prefetcher-quickstart-images"),
 	},
 	{
 		name:  "examples/image-list-file",

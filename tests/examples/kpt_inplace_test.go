@@ -72,7 +72,7 @@ func (i intent) outputFile() string {
 // function.
 func (i intent) objects() []string {
 	ns, n := i.namespace+"/image-prefetcher-"+i.name, "image-prefetcher."+i.namespace+"."+i.name
-	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns, "DaemonSet " + ns}
+	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns + "-images", "DaemonSet " + ns}
 	if i.nodeLabel {
 		objs = append(objs, "ClusterRole "+n, "ClusterRoleBinding "+n)
 		if i.admission {

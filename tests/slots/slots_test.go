@@ -99,8 +99,12 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("at most K holders at any moment", env.testAtMostK)
 	t.Run("killed holder's slot is reclaimed after the lease duration", env.testKilledHolder)
 	t.Run("seed nodes pull alone until one finishes", env.testSeed)
+	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
+	t.Run("fetch on SIGTERM gives its slot back and records the seed", env.testFetchSIGTERM)
+	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	// Last: it stops the apiserver.
 	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
+	t.Run("a holder that cannot renew stops pulling: never more than K nodes pull", env.testOutageCap)
 }
 
 type testEnv struct {

@@ -42,6 +42,7 @@ type Server struct {
 	mu        sync.Mutex
 	images    map[string]uint64
 	behaviors map[string]Behavior
+	fallback  Behavior
 	calls     map[string]int
 	pulls     []PullCall // in arrival order
 	inflight  sync.WaitGroup
@@ -114,6 +115,21 @@ func (s *Server) DeleteImage(ref string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.images, ref)
+}
+
+// DeleteAll removes every image.
+func (s *Server) DeleteAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.images)
+}
+
+// SetDefaultBehavior scripts PullImage for images without a behavior of
+// their own.
+func (s *Server) SetDefaultBehavior(b Behavior) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fallback = b
 }
 
 // HasImage reports whether ref is present.
@@ -203,6 +219,9 @@ func (s *Server) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest
 	s.calls[ref]++
 	n := s.calls[ref]
 	b := s.behaviors[ref]
+	if b == nil {
+		b = s.fallback
+	}
 	i := len(s.pulls)
 	s.pulls = append(s.pulls, call)
 	s.active++

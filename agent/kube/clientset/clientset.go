@@ -5,6 +5,10 @@
 package clientset
 
 import (
+	"context"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
@@ -21,4 +25,26 @@ func (w wrapped) Events(namespace string) kube.EventClient { return w.cs.CoreV1(
 
 func (w wrapped) Leases(namespace string) kube.LeaseClient {
 	return w.cs.CoordinationV1().Leases(namespace)
+}
+
+// DaemonSets returns the fake's DaemonSets as the agent reads them.
+func (w wrapped) DaemonSets(namespace string) kube.DaemonSetClient {
+	return daemonSets{w.cs.AppsV1().DaemonSets(namespace)}
+}
+
+type daemonSets struct {
+	c interface {
+		Get(ctx context.Context, name string, opts metav1.GetOptions) (*appsv1.DaemonSet, error)
+	}
+}
+
+func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*kube.DaemonSet, error) {
+	ds, err := d.c.Get(ctx, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	out := &kube.DaemonSet{ObjectMeta: ds.ObjectMeta}
+	out.Spec.Template.Spec.NodeSelector = ds.Spec.Template.Spec.NodeSelector
+	out.Spec.Template.Spec.Affinity = ds.Spec.Template.Spec.Affinity
+	return out, nil
 }

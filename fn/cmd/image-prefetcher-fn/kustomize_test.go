@@ -184,7 +184,7 @@ patches:
 	// The list combines the patched inline image and the generated
 	// ConfigMap, found under its original name after namePrefix; a comment
 	// line names each source.
-	cm := find(t, m, "ConfigMap", "image-prefetcher-dev-demo")
+	cm := find(t, m, "ConfigMap", "image-prefetcher-dev-demo-images")
 	if got, want := cm.GetDataMap()["images.txt"], "# spec.images\nregistry.k8s.io/pause:3.10\n# ConfigMap dev/images key \"images.txt\"\ndocker.io/library/debian:bookworm\nquay.io/prometheus/busybox:latest\n"; got != want {
 		t.Errorf("images.txt:\n%s\nwant\n%s", got, want)
 	}
@@ -300,13 +300,47 @@ spec:
 			t.Error("the generator's config is in the output")
 		}
 	}
-	if !strings.HasPrefix(cmName, "image-prefetcher-demo-") {
+	if !strings.HasPrefix(cmName, "image-prefetcher-demo-images-") {
 		t.Fatalf("ConfigMap %q has no hash suffix", cmName)
 	}
 	ds := find(t, m, "DaemonSet", "image-prefetcher-demo")
 	if got := field(t, ds, "spec", "template", "spec", "volumes", "[name=image-list]", "configMap", "name"); got != cmName {
 		t.Errorf("DaemonSet mounts ConfigMap %q, want %q", got, cmName)
 	}
+	// kustomize renames every Role resourceName equal to a ConfigMap's
+	// name along with the ConfigMap; the get on the agent's own DaemonSet
+	// must keep naming the DaemonSet.
+	if got := ownDaemonSetGrant(t, find(t, m, "Role", "image-prefetcher-demo")); got != "image-prefetcher-demo" {
+		t.Errorf("the Role grants get on DaemonSet %q, want the instance's own, image-prefetcher-demo", got)
+	}
+}
+
+// ownDaemonSetGrant returns the one resourceName of the Role's get on
+// daemonsets.
+func ownDaemonSetGrant(t *testing.T, role *yaml.RNode) string {
+	t.Helper()
+	rules, err := role.Pipe(yaml.Lookup("rules"))
+	if err != nil || rules == nil {
+		t.Fatalf("Role %s has no rules", role.GetName())
+	}
+	els, _ := rules.Elements()
+	for _, r := range els {
+		res, _ := r.Pipe(yaml.Lookup("resources"))
+		if res == nil || !strings.Contains(res.MustString(), "daemonsets") {
+			continue
+		}
+		names, _ := r.Pipe(yaml.Lookup("resourceNames"))
+		if names == nil {
+			t.Fatalf("the daemonsets rule has no resourceNames: %s", r.MustString())
+		}
+		v, _ := names.Elements()
+		if len(v) != 1 {
+			t.Fatalf("the daemonsets rule names %d objects, want 1: %s", len(v), r.MustString())
+		}
+		return v[0].YNode().Value
+	}
+	t.Fatalf("Role %s has no daemonsets rule:\n%s", role.GetName(), role.MustString())
+	return ""
 }
 
 // An invalid ImagePrefetcher fails the build with the function's message.

@@ -66,15 +66,15 @@ func TestKustomizeWorkloadsAfterBuiltins(t *testing.T) {
 		name, extra, cm  string
 		list, deployedAs string
 	}{
-		{name: "as written", cm: "image-prefetcher-shop",
+		{name: "as written", cm: "image-prefetcher-shop-images",
 			list: "ghcr.io/example/web:1.0", deployedAs: "ghcr.io/example/web:1.0"},
-		{name: "images: in the same kustomization", cm: "image-prefetcher-shop",
+		{name: "images: in the same kustomization", cm: "image-prefetcher-shop-images",
 			extra: "images:\n- name: ghcr.io/example/web\n  newTag: \"2.0\"\n",
 			list:  "ghcr.io/example/web:2.0", deployedAs: "ghcr.io/example/web:2.0"},
-		{name: "images: with a new name and a digest", cm: "image-prefetcher-shop",
+		{name: "images: with a new name and a digest", cm: "image-prefetcher-shop-images",
 			extra: "images:\n- name: ghcr.io/example/web\n  newName: registry.example.com/mirror/web\n  digest: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n",
 			list:  "registry.example.com/mirror/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", deployedAs: "registry.example.com/mirror/web@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
-		{name: "namePrefix: the selector matches the original name", cm: "image-prefetcher-team-shop",
+		{name: "namePrefix: the selector matches the original name", cm: "image-prefetcher-team-shop-images",
 			extra: "namePrefix: team-\n",
 			list:  "ghcr.io/example/web:1.0", deployedAs: "ghcr.io/example/web:1.0"},
 	} {
@@ -96,7 +96,7 @@ func TestKustomizeImagesAboveTheFunctionAreNotSeen(t *testing.T) {
 	files := merge(shop, map[string]string{
 		"release/kustomization.yaml": "resources:\n- ../shop\nimages:\n- name: ghcr.io/example/web\n  newTag: \"2.0\"\n",
 	})
-	list, deployed := listOf(t, filepath.Join(writeTree(t, files), "release"), "image-prefetcher-shop")
+	list, deployed := listOf(t, filepath.Join(writeTree(t, files), "release"), "image-prefetcher-shop-images")
 	if list != "ghcr.io/example/web:1.0" || deployed != "ghcr.io/example/web:2.0" {
 		t.Errorf("list %q, deployed %q; the overlay's images: is expected to reach the workload only", list, deployed)
 	}

@@ -1,0 +1,78 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
+)
+
+// DaemonSet is the part of an apps/v1 DaemonSet the agent reads: whether
+// it is being deleted, and which nodes its pods may run on. It is decoded
+// from JSON rather than through k8s.io/api/apps/v1, whose types the agent
+// binary does not otherwise need (see the package comment on footprint).
+type DaemonSet struct {
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              DaemonSetSpec `json:"spec"`
+}
+
+// DaemonSetSpec holds the pod template's node selection.
+type DaemonSetSpec struct {
+	Template struct {
+		Spec struct {
+			NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+			Affinity     *corev1.Affinity  `json:"affinity,omitempty"`
+		} `json:"spec"`
+	} `json:"template"`
+}
+
+// DaemonSetClient reads DaemonSets of one namespace.
+type DaemonSetClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*DaemonSet, error)
+}
+
+// DaemonSetGetter is implemented by clients that can read DaemonSets. It is
+// kept apart from Interface so that clients of the other calls need not.
+type DaemonSetGetter interface {
+	DaemonSets(namespace string) DaemonSetClient
+}
+
+var appsV1 = schema.GroupVersion{Group: "apps", Version: "v1"}
+
+// DaemonSets returns the DaemonSet client of a namespace.
+func (c *Client) DaemonSets(namespace string) DaemonSetClient {
+	return daemonSets{c: c.apps, ns: namespace}
+}
+
+type daemonSets struct {
+	c  rest.Interface
+	ns string
+}
+
+func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*DaemonSet, error) {
+	// GetOptions holds one field; it is set by hand so that apps/v1 needs
+	// no registration in the scheme, which costs every start.
+	req := d.c.Get().Namespace(d.ns).Resource("daemonsets").Name(name)
+	if opts.ResourceVersion != "" {
+		req = req.Param("resourceVersion", opts.ResourceVersion)
+	}
+	res := req.Do(ctx)
+	// Error, unlike Raw, decodes the apiserver's Status: its reason and
+	// message, not just one made up from the HTTP code.
+	if err := res.Error(); err != nil {
+		return nil, err
+	}
+	raw, err := res.Raw()
+	if err != nil {
+		return nil, err
+	}
+	out := &DaemonSet{}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return nil, fmt.Errorf("decode DaemonSet %s/%s: %w", d.ns, name, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,38 @@
+package kube
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The DaemonSet GET reaches the apps/v1 path and decodes what watch needs;
+// a 404 is recognised as NotFound.
+func TestDaemonSetGet(t *testing.T) {
+	s, cfg := newServer(t)
+	c, err := NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.body = `{"apiVersion":"apps/v1","kind":"DaemonSet","metadata":{"name":"image-prefetcher-demo","namespace":"ns","deletionTimestamp":"2026-11-24T00:00:00Z"},` +
+		`"spec":{"template":{"spec":{"nodeSelector":{"pool":"gpu"},"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"zone","operator":"In","values":["a"]}]}]}}}}}}}`
+	ds, err := c.DaemonSets("ns").Get(context.Background(), "image-prefetcher-demo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.last(t); got.Method != http.MethodGet || got.Path != "/apis/apps/v1/namespaces/ns/daemonsets/image-prefetcher-demo" {
+		t.Errorf("request %+v", got)
+	}
+	spec := ds.Spec.Template.Spec
+	if ds.Name != "image-prefetcher-demo" || ds.DeletionTimestamp == nil || spec.NodeSelector["pool"] != "gpu" ||
+		spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "zone" {
+		t.Errorf("decoded %+v", ds)
+	}
+	s.status, s.body = http.StatusNotFound, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"details":{"name":"x","group":"apps","kind":"daemonsets"}}`
+	if _, err := c.DaemonSets("ns").Get(context.Background(), "x", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("err %v, want NotFound", err)
+	}
+}
