@@ -9,12 +9,18 @@ VERSION           := $(shell cat VERSION)
 BIN               := $(CURDIR)/bin
 LDFLAGS           := -s -w -X $(MODULE)/fn/version.Version=$(VERSION)
 KUSTOMIZE_VERSION := v5.8.2
+# promtool runs the PrometheusRule's alerts in Prometheus's own rule
+# evaluator (tests/monitoring); v0.316.0 is the module version of
+# Prometheus 3.x that the Go module proxy serves.
+PROMTOOL_VERSION  := v0.316.0
 # kpt is not go-installable at a pinned version (its module needs a newer
 # toolchain and replaces), so `make tools` checks the one on PATH instead.
 KPT_VERSION       := 1.0.0-beta.56
 KUBE_VERSION      := v1.36.3
 KUBE_BIN_DIR      ?= $(HOME)/.cache/image-prefetcher/kube/$(KUBE_VERSION)
 APT_PACKAGES      := containerd runc etcd-server containernetworking-plugins iptables iproute2 util-linux
+
+comma := ,
 
 export PATH := $(BIN):$(PATH)
 export KUBE_BIN_DIR
@@ -35,7 +41,7 @@ $(BIN)/image-prefetcher-fn: FORCE
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
 
 ## ---- tools and host dependencies ----------------------------------------------
-tools: $(BIN)/kustomize kpt-check
+tools: $(BIN)/kustomize $(BIN)/promtool kpt-check
 
 # tests/examples runs the real `kpt fn render` and `kpt fn eval`; a missing or
 # different kpt fails here, with the fix, instead of half-way through a test.
@@ -50,6 +56,10 @@ kpt-check:
 $(BIN)/kustomize:
 	@echo ">> installing kustomize $(KUSTOMIZE_VERSION) into $(BIN)"
 	GOBIN=$(BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+$(BIN)/promtool:
+	@echo ">> installing promtool (prometheus $(PROMTOOL_VERSION)) into $(BIN)"
+	GOBIN=$(BIN) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
 
 # podman runs the function image under kpt (tests/examples): no daemon, and
 # without its recommends (slirp4netns, fuse-overlayfs, ...), which it does
@@ -72,18 +82,41 @@ AGENT_IMAGE ?= ghcr.io/image-prefetcher/image-prefetcher:$(VERSION)
 FN_IMAGE    ?= ghcr.io/image-prefetcher/image-prefetcher-fn:$(VERSION)
 DOCKER      ?= docker
 
-.PHONY: images
+.PHONY: images images-multiarch
 images:
 	$(DOCKER) build -f Dockerfile --build-arg VERSION=$(VERSION) -t $(AGENT_IMAGE) .
 	$(DOCKER) build -f Dockerfile.fn --build-arg VERSION=$(VERSION) -t $(FN_IMAGE) .
 
+# The release build (docs/release.md): one image index per image, built and
+# pushed by buildx for every platform of OCI_PLATFORMS. The Dockerfiles
+# cross-compile on the build machine (FROM --platform=$$BUILDPLATFORM,
+# GOOS/GOARCH from TARGETOS/TARGETARCH), so no emulation is needed.
+images-multiarch:
+	$(DOCKER) buildx build --platform $(subst $(eval) ,$(comma),$(OCI_PLATFORMS)) -f Dockerfile --build-arg VERSION=$(VERSION) -t $(AGENT_IMAGE) --push .
+	$(DOCKER) buildx build --platform $(subst $(eval) ,$(comma),$(OCI_PLATFORMS)) -f Dockerfile.fn --build-arg VERSION=$(VERSION) -t $(FN_IMAGE) --push .
+
 ## ---- OCI layouts without a container engine (tests/ociimage) ----------------
-# The same images as `make images`, as OCI layouts in ./out/oci: the agent runs
-# as root (it must reach the root-owned CRI socket), the function as nonroot.
+# The same images as `make images`, as OCI layouts in ./out/oci, each an
+# image index with one image per platform of OCI_PLATFORMS: static Go
+# cross-builds into out/bin/<os>_<arch>, no engine, no emulation. The agent
+# runs as root (it must reach the root-owned CRI socket), the function as
+# nonroot. docs/release.md: how the indexes and per-arch digests are
+# published.
+OCI_PLATFORMS ?= linux/amd64 linux/arm64
+OUT_BIN       := $(CURDIR)/out/bin
+
 .PHONY: oci
 oci: build
-	go run ./tests/ociimage/cmd/ociimage -binary $(BIN)/image-prefetcher -user 0:0 -ref $(AGENT_IMAGE) -out out/oci/image-prefetcher
-	go run ./tests/ociimage/cmd/ociimage -binary $(BIN)/image-prefetcher-fn -user 65532:65532 -ref $(FN_IMAGE) -out out/oci/image-prefetcher-fn
+	@for p in $(OCI_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; dir=$(OUT_BIN)/$${os}_$${arch}; \
+	  echo ">> cross-building for $$p into $$dir"; \
+	  GOOS=$$os GOARCH=$$arch go build -trimpath -tags grpcnotrace -ldflags '$(LDFLAGS)' -o $$dir/image-prefetcher ./agent/cmd/image-prefetcher; \
+	  GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '$(LDFLAGS)' -o $$dir/image-prefetcher-fn ./fn/cmd/image-prefetcher-fn; \
+	done
+	go run ./tests/ociimage/cmd/ociimage -user 0:0 -ref $(AGENT_IMAGE) -out out/oci/image-prefetcher \
+	  $(foreach p,$(OCI_PLATFORMS),-platform $(p)=$(OUT_BIN)/$(subst /,_,$(p))/image-prefetcher)
+	go run ./tests/ociimage/cmd/ociimage -user 65532:65532 -ref $(FN_IMAGE) -out out/oci/image-prefetcher-fn \
+	  $(foreach p,$(OCI_PLATFORMS),-platform $(p)=$(OUT_BIN)/$(subst /,_,$(p))/image-prefetcher-fn)
 
 ## ---- tests ------------------------------------------------------------------
 test: unit e2e

@@ -166,6 +166,9 @@ type agent struct {
 	pod, namespace string
 	// labelMu serializes label rewrites.
 	labelMu sync.Mutex
+	// written is the summary this process last wrote on the node: a
+	// different one found there later means another writer.
+	written *label.Summary
 }
 
 // newAgent returns an agent that init will set up.
@@ -292,6 +295,9 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	if a.metrics != nil {
 		cfg.Observer = a.metrics
+		if f.maxConcurrentNodes > 0 {
+			cfg.Gate = boundedRelease{Gate: a.metrics.Gate(gate), grace: releaseGrace, log: log}
+		}
 	}
 	a.puller = pull.New(statusBound{Runtime: c, timeout: f.statusTimeout}, cfg)
 	return nil
@@ -393,5 +399,10 @@ func summarize(results []pull.Result, d time.Duration) label.Summary {
 func (a *agent) observe(s label.Summary) {
 	if a.metrics != nil {
 		a.metrics.Checked(s.Present, s.FailureCount(), time.Now())
+		fs := make([]metrics.Failure, len(s.Failed))
+		for i, f := range s.Failed {
+			fs[i] = metrics.Failure{Image: f.Image, Reason: f.Reason}
+		}
+		a.metrics.Failed(fs)
 	}
 }

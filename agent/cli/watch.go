@@ -198,8 +198,15 @@ func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 	if err != nil {
 		a.log.Warn("reading the node label failed; rewriting it", "err", err)
 	}
+	if err == nil && a.written != nil && (!ok || value != a.written.Value() || !cur.Same(*a.written)) {
+		a.log.Warn("the node label or annotation was changed by another writer since this agent wrote it", "key", a.labeler.Key, "wrote", a.written.Value(), "found", value)
+		if a.metrics != nil {
+			a.metrics.LabelConflict()
+		}
+	}
 	if err == nil && ok && value == s.Value() && cur.Same(s) {
 		a.log.Debug("label is current", "value", value)
+		a.written = &s
 		return
 	}
 	a.log.Info("label drifted; rewriting it", "was", value, "now", s.Value(), "summary", s.Text())
@@ -211,5 +218,6 @@ func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 		a.log.Error("labeling the node failed; will retry at the next check", "err", err)
 		return
 	}
+	a.written = &s
 	a.events.Record(ctx, s.FailureCount() == 0, s.Text())
 }

@@ -26,6 +26,14 @@ type Metrics struct {
 	PullBytes    prometheus.Counter
 	Attempts     *prometheus.CounterVec
 	LastSuccess  prometheus.Gauge
+	// Succeeded, ImageFailed, SlotWaiting, SlotWait and LabelConflicts are
+	// what the PrometheusRule's alerts and the Grafana dashboard read
+	// (docs/monitoring.md).
+	Succeeded      prometheus.Gauge
+	ImageFailed    *prometheus.GaugeVec
+	SlotWaiting    prometheus.Gauge
+	SlotWait       prometheus.Histogram
+	LabelConflicts prometheus.Counter
 }
 
 // New registers the collectors.
@@ -49,8 +57,58 @@ func New() *Metrics {
 			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
 		}),
 	}
-	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess)
+	m.Succeeded = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "image_prefetcher_succeeded", Help: "1 when the last check found every image of the list present (the node label's succeeded), 0 otherwise and until the first check ends.",
+	})
+	m.ImageFailed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "image_prefetcher_image_failed", Help: "1 for each image the last check could not make present, by reason; like the node annotation, at most the first 20.",
+	}, []string{"image", "reason"})
+	m.SlotWaiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "image_prefetcher_slot_waiting", Help: "1 while the agent waits for a herd-control pull slot (spec.pull.maxConcurrentNodes), 0 otherwise.",
+	})
+	m.SlotWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "image_prefetcher_slot_wait_seconds", Help: "Time spent waiting for a herd-control pull slot, per acquisition.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 13),
+	})
+	m.LabelConflicts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "image_prefetcher_label_conflicts_total", Help: "Times this instance's node label or annotation was found changed by another writer since the agent wrote it.",
+	})
+	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess,
+		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts)
 	return m
+}
+
+// Failure is one image that a check could not make present.
+type Failure struct{ Image, Reason string }
+
+// Failed replaces the per-image failures with those of the last check.
+func (m *Metrics) Failed(fs []Failure) {
+	m.ImageFailed.Reset()
+	for _, f := range fs {
+		m.ImageFailed.WithLabelValues(f.Image, f.Reason).Set(1)
+	}
+}
+
+// LabelConflict counts one change of the node key by another writer.
+func (m *Metrics) LabelConflict() { m.LabelConflicts.Inc() }
+
+// Gate measures the waits for a herd-control slot of g.
+func (m *Metrics) Gate(g pull.Gate) pull.Gate { return waitGate{g: g, m: m} }
+
+type waitGate struct {
+	g pull.Gate
+	m *Metrics
+}
+
+func (w waitGate) Acquire(ctx context.Context) (func(), error) {
+	start := time.Now()
+	w.m.SlotWaiting.Set(1)
+	release, err := w.g.Acquire(ctx)
+	w.m.SlotWaiting.Set(0)
+	if err == nil {
+		w.m.SlotWait.Observe(time.Since(start).Seconds())
+	}
+	return release, err
 }
 
 // Attempt counts one pull attempt.
@@ -66,8 +124,10 @@ func (m *Metrics) Pulled(_ string, d time.Duration, bytes uint64) {
 func (m *Metrics) Checked(present, failed int, at time.Time) {
 	m.Images.WithLabelValues("present").Set(float64(present))
 	m.Images.WithLabelValues("failed").Set(float64(failed))
+	m.Succeeded.Set(0)
 	if failed == 0 {
 		m.LastSuccess.Set(float64(at.Unix()))
+		m.Succeeded.Set(1)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metavalidation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -63,6 +64,21 @@ func checkLabelMap(labels map[string]string, path string) Problems {
 		if errs := validation.IsValidLabelValue(labels[k]); len(errs) > 0 {
 			p = append(p, errorf(fp, "%q is not a valid label value: %s", labels[k], strings.Join(errs, "; ")))
 		}
+	}
+	return p
+}
+
+// checkAnnotationMap checks annotations that are copied onto objects, each
+// at its key, and their total size (apimachinery's ValidateAnnotations).
+func checkAnnotationMap(annotations map[string]string, path string) Problems {
+	var p Problems
+	for _, k := range sortedKeys(annotations) {
+		if errs := validation.IsQualifiedName(strings.ToLower(k)); len(errs) > 0 {
+			p = append(p, errorf(path+"."+k, "%q is not a valid annotation key: %s", k, strings.Join(errs, "; ")))
+		}
+	}
+	if err := apivalidation.ValidateAnnotationsSize(annotations); err != nil {
+		p = append(p, errorf(path, "the annotations copied onto every object are too large: %v", err))
 	}
 	return p
 }

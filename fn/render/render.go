@@ -109,6 +109,12 @@ func selectorLabels(name string) map[string]string {
 func (c Config) Hash() string {
 	c.MaxUnavailable = intstr.IntOrString{}
 	c.AdmissionPolicy = false
+	if c.Metrics != nil {
+		// The monitoring objects live beside the DaemonSet, not in it.
+		m := *c.Metrics
+		m.PodMonitor, m.Rules = false, false
+		c.Metrics = &m
+	}
 	b, err := json.Marshal(c)
 	if err != nil {
 		// Config holds only plain data; failing to marshal it is a bug.
@@ -130,14 +136,9 @@ func (c Config) ImageListText() string {
 // a fixed order.
 func Render(c Config) ([]*yaml.RNode, error) {
 	n := NamesFor(c.Namespace, c.Name)
-	labels := Labels(c.Name)
-	for k, v := range c.ExtraLabels {
-		if _, ours := labels[k]; !ours {
-			labels[k] = v
-		}
-	}
+	labels := c.objectLabels()
 	meta := func(name string, namespaced bool) metav1.ObjectMeta {
-		m := metav1.ObjectMeta{Name: name, Labels: labels}
+		m := metav1.ObjectMeta{Name: name, Labels: labels, Annotations: c.ExtraAnnotations}
 		if namespaced {
 			m.Namespace = c.Namespace
 		}
@@ -224,6 +225,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	if c.Flavor == v1alpha1.FlavorOCP {
 		objs = append(objs, c.scc(meta(n.Cluster, false)))
 	}
+	objs = append(objs, c.monitoring(meta(n.Namespaced, true))...)
 
 	out := make([]*yaml.RNode, 0, len(objs))
 	for _, o := range objs {
@@ -373,7 +375,7 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
 	container := func(name string) corev1.Container {
-		return corev1.Container{
+		ctr := corev1.Container{
 			Name:            name,
 			Image:           c.AgentImage,
 			Args:            c.flags(name),
@@ -382,12 +384,11 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 			VolumeMounts:    mounts,
 			SecurityContext: sc,
 		}
+		c.addMetrics(&ctr)
+		return ctr
 	}
 
-	annotations := map[string]string{
-		ConfigHashAnnotation:                      c.Hash(),
-		"kubectl.kubernetes.io/default-container": "watch",
-	}
+	annotations := c.podAnnotations()
 	podSC := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if c.Flavor == v1alpha1.FlavorOCP {
 		annotations[requiredSCCAnnotation] = n.Cluster
@@ -409,6 +410,7 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations},
 				Spec: corev1.PodSpec{
 					ServiceAccountName: n.Namespaced,
+					ImagePullSecrets:   c.podPullSecrets(),
 					NodeSelector:       c.NodeSelector,
 					Affinity:           c.Affinity,
 					Tolerations:        c.Tolerations,

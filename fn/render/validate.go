@@ -70,6 +70,14 @@ type Config struct {
 	// rendered object: kustomize's labels/commonLabels reach the
 	// ImagePrefetcher before the function runs, and so reach its output.
 	ExtraLabels map[string]string `json:"extraLabels,omitempty"`
+	// ExtraAnnotations are the ImagePrefetcher's own annotations, less the
+	// tools' bookkeeping (see userAnnotation): kustomize's
+	// commonAnnotations and an overlay's patches reach the output this way.
+	ExtraAnnotations map[string]string `json:"extraAnnotations,omitempty"`
+	// AgentPullSecrets are the pod's imagePullSecrets, for the agent image.
+	AgentPullSecrets []string `json:"agentPullSecrets,omitempty"`
+	// Metrics is nil unless spec.metrics.enabled.
+	Metrics *MetricsConfig `json:"metrics,omitempty"`
 
 	// sections say where the images came from, as comments of the
 	// rendered list; nil when spec.images is the only source. Comments do
@@ -292,17 +300,10 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 		}
 	}
 
-	for _, k := range sortedKeys(ip.Metadata.Labels) {
-		if strings.HasPrefix(k, "app.kubernetes.io/") {
-			continue // ours to set
-		}
-		if c.ExtraLabels == nil {
-			c.ExtraLabels = map[string]string{}
-		}
-		c.ExtraLabels[k] = ip.Metadata.Labels[k]
-	}
+	p = append(p, c.validatePlatform(ip)...)
 	// They land on every rendered object and on the agent's pods.
 	p = append(p, checkLabelMap(c.ExtraLabels, "metadata.labels")...)
+	p = append(p, checkAnnotationMap(c.ExtraAnnotations, "metadata.annotations")...)
 
 	c.RequireAllImages = s.Rollout.RequireAllImages != nil && *s.Rollout.RequireAllImages
 	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled

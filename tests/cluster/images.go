@@ -75,6 +75,21 @@ func (c *Cluster) PushLayout(ctx context.Context, dir, repoTag string, opts ...r
 	return c.Push(ctx, img, repoTag, opts...)
 }
 
+// PushLayoutIndex uploads the image index of an OCI layout directory (as
+// written by `make oci`: one image per platform) as repoTag, so that a
+// runtime pulling the tag resolves its own platform's entry.
+func (c *Cluster) PushLayoutIndex(ctx context.Context, dir, repoTag string, opts ...remote.Option) error {
+	idx, err := ociimage.ReadLayoutIndex(dir)
+	if err != nil {
+		return err
+	}
+	if len(c.Nodes()) == 0 {
+		return errors.New("no registry in control-plane-only mode")
+	}
+	opts = append([]remote.Option{remote.WithTransport(c.RegistryTransport())}, opts...)
+	return ociimage.PushIndex(ctx, idx, RegistryAddr+"/"+strings.TrimPrefix(repoTag, "/"), opts...)
+}
+
 // pushPause builds the sandbox image and pushes it where PauseImage points.
 func (c *Cluster) pushPause(ctx context.Context) error {
 	bin, err := PauseBinary(ctx)

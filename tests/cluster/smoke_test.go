@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -322,9 +323,11 @@ func TestSmoke(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 // checkOCILayouts pushes out/oci/image-prefetcher and
-// out/oci/image-prefetcher-fn under the references the function renders
-// (fn/version), has the second node's containerd pull them through the
-// CRI, and checks, from containerd's own image status and from the config
+// out/oci/image-prefetcher-fn, each an image index of linux/amd64 and
+// linux/arm64, under the references the function renders (fn/version), has
+// the second node's containerd pull them through the CRI (it resolves the
+// index to this machine's entry, as on a node of that architecture), and
+// checks, from containerd's own image status and from the config
 // that was pushed, the entrypoint, user and os/arch the Dockerfiles give
 // (the user also as the uid the kubelet sees). Then it runs each image as
 // a pod with the argument "version": the entrypoint exists in the
@@ -366,20 +369,36 @@ func checkOCILayouts(ctx context.Context, t *testing.T, c *cluster.Cluster, cri 
 		if err != nil {
 			t.Fatal(err)
 		}
+		idx, err := ociimage.ReadLayoutIndex(filepath.Join(root, x.layout))
+		if err != nil {
+			t.Fatalf("%v: run `make oci`", err)
+		}
+		indexDigest, err := idx.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
 		repoTag, ok := strings.CutPrefix(x.ref, "ghcr.io/")
 		if !ok {
 			t.Fatalf("default image %s is not on ghcr.io, which the nodes mirror", x.ref)
 		}
-		if err := c.PushLayout(ctx, filepath.Join(root, x.layout), repoTag); err != nil {
+		if err := c.PushLayoutIndex(ctx, filepath.Join(root, x.layout), repoTag); err != nil {
 			t.Fatal(err)
 		}
-		// The config as the registry serves it.
-		pushed, err := remote.Image(mustRef(t, cluster.RegistryAddr+"/"+repoTag), remote.WithTransport(c.RegistryTransport()))
+		// The tag names the index; this platform's entry is the layout's.
+		served, err := remote.Index(mustRef(t, cluster.RegistryAddr+"/"+repoTag), remote.WithTransport(c.RegistryTransport()))
+		if err != nil {
+			t.Fatalf("read back %s: %v", repoTag, err)
+		}
+		if d, _ := served.Digest(); d != indexDigest {
+			t.Errorf("%s: the registry serves index %s, the layout holds %s", repoTag, d, indexDigest)
+		}
+		pushed, err := remote.Image(mustRef(t, cluster.RegistryAddr+"/"+repoTag), remote.WithTransport(c.RegistryTransport()),
+			remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}))
 		if err != nil {
 			t.Fatalf("read back %s: %v", repoTag, err)
 		}
 		if d, _ := pushed.Digest(); d != digest {
-			t.Errorf("%s: the registry serves %s, the layout holds %s", repoTag, d, digest)
+			t.Errorf("%s: the registry's linux/%s entry is %s, the layout's is %s", repoTag, runtime.GOARCH, d, digest)
 		}
 		pcf, err := pushed.ConfigFile()
 		if err != nil {
@@ -409,8 +428,8 @@ func checkOCILayouts(ctx context.Context, t *testing.T, c *cluster.Cluster, cri 
 		if err != nil || st.Image == nil {
 			t.Fatalf("%s not present after pull (err %v)", x.ref, err)
 		}
-		if !slices.Contains(st.Image.RepoDigests, strings.Split(x.ref, ":")[0]+"@"+digest.String()) {
-			t.Errorf("%s: containerd's repo digests %q do not name the layout's manifest %s", x.ref, st.Image.RepoDigests, digest)
+		if !slices.Contains(st.Image.RepoDigests, strings.Split(x.ref, ":")[0]+"@"+indexDigest.String()) {
+			t.Errorf("%s: containerd's repo digests %q do not name the layout's image index %s", x.ref, st.Image.RepoDigests, indexDigest)
 		}
 		if st.Image.Uid == nil || st.Image.Uid.Value != x.uid {
 			t.Errorf("%s: containerd reports uid %v, want %d", x.ref, st.Image.Uid, x.uid)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	securityv1 "github.com/openshift/api/security/v1"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -106,6 +107,8 @@ func (a *apiServer) dryRunApply(t *testing.T, manifests []byte) {
 			// kustomize leave it out.
 		case o.GroupVersionKind().Group == sccGroup:
 			strictSCC(t, o)
+		case o.GroupVersionKind().Group == monitoringv1.SchemeGroupVersion.Group:
+			strictMonitoring(t, o)
 		case o.GetKind() == "Namespace" && o.GroupVersionKind().Group == "":
 		default:
 			a.apply(ctx, t, o, true)

@@ -35,6 +35,7 @@ var kustomizeCases = []kustomizeCase{
 	{name: "examples/overlays/vanilla", copy: "examples/overlays", from: "overlays", target: "vanilla", readme: "examples/overlays/README.md", golden: "examples/overlays/vanilla/expected.yaml"},
 	{name: "examples/overlays/ocp", copy: "examples/overlays", from: "overlays", target: "ocp", readme: "examples/overlays/README.md", golden: "examples/overlays/ocp/expected.yaml", ocp: true},
 	{name: "examples/private-registry", copy: "examples/private-registry", from: "private-registry", target: ".", readme: "examples/private-registry/README.md", golden: "examples/private-registry/expected.yaml"},
+	{name: "examples/monitoring", copy: "examples/monitoring", from: "monitoring", target: ".", readme: "examples/monitoring/README.md", golden: "examples/monitoring/expected.yaml"},
 	{name: "examples/scheduling", copy: "examples/scheduling", from: "scheduling", target: ".", readme: "examples/scheduling/README.md", golden: "examples/scheduling/expected.yaml"},
 	{name: "examples/workloads", copy: "examples/workloads", from: "workloads", target: ".", readme: "examples/workloads/README.md", golden: "examples/workloads/expected.yaml"},
 }

@@ -131,6 +131,11 @@ var kptCases = []kptCase{
 		},
 	},
 	{
+		name:  "examples/monitoring",
+		dir:   "examples/monitoring",
+		files: []string{"namespace.yaml", "imageprefetcher.yaml"},
+	},
+	{
 		name:  "examples/scheduling",
 		dir:   "examples/scheduling",
 		files: []string{"namespace.yaml", "imageprefetcher-gpu.yaml", "inference-deployment.yaml", "batch-job.yaml"},

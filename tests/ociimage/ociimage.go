@@ -254,7 +254,85 @@ func WriteLayout(dir string, img v1.Image, ref string) error {
 	return nil
 }
 
-// ReadLayout returns the first image of the OCI layout in dir.
+// Index assembles images of different platforms into one OCI image index,
+// each entry's descriptor carrying the os/arch of its config, the way a
+// multi-arch release is published: a runtime pulling the index's tag gets
+// the entry of its own platform.
+func Index(imgs ...v1.Image) (v1.ImageIndex, error) {
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]bool{}
+	for _, img := range imgs {
+		cf, err := img.ConfigFile()
+		if err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+		p := v1.Platform{OS: cf.OS, Architecture: cf.Architecture}
+		if seen[p.String()] {
+			return nil, fmt.Errorf("two images for %s", p.String())
+		}
+		seen[p.String()] = true
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &p}})
+	}
+	return idx, nil
+}
+
+// WriteLayoutIndex writes idx as an OCI image layout in dir (replacing what
+// was there), tagged ref in the layout's index.
+func WriteLayoutIndex(dir string, idx v1.ImageIndex, ref string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("clear %s: %w", dir, err)
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("create layout %s: %w", dir, err)
+	}
+	var opts []layout.Option
+	if ref != "" {
+		opts = append(opts, layout.WithAnnotations(map[string]string{RefAnnotation: ref}))
+	}
+	if err := p.AppendIndex(idx, opts...); err != nil {
+		return fmt.Errorf("write index to layout %s: %w", dir, err)
+	}
+	return nil
+}
+
+// ReadLayoutIndex returns the image index the OCI layout in dir holds (as
+// `make oci` writes it).
+func ReadLayoutIndex(dir string) (v1.ImageIndex, error) {
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open layout %s: %w", dir, err)
+	}
+	top, err := p.ImageIndex()
+	if err != nil {
+		return nil, fmt.Errorf("read layout index %s: %w", dir, err)
+	}
+	m, err := top.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("read layout index %s: %w", dir, err)
+	}
+	if len(m.Manifests) == 0 || !m.Manifests[0].MediaType.IsIndex() {
+		return nil, fmt.Errorf("layout %s holds no image index", dir)
+	}
+	return top.ImageIndex(m.Manifests[0].Digest)
+}
+
+// PlatformImage returns the entry of idx for os/arch.
+func PlatformImage(idx v1.ImageIndex, os, arch string) (v1.Image, error) {
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("read index: %w", err)
+	}
+	for _, d := range m.Manifests {
+		if d.Platform != nil && d.Platform.OS == os && d.Platform.Architecture == arch {
+			return idx.Image(d.Digest)
+		}
+	}
+	return nil, fmt.Errorf("the index has no image for %s/%s", os, arch)
+}
+
+// ReadLayout returns the first image of the OCI layout in dir; when the
+// layout holds an image index, its entry for this machine's platform.
 func ReadLayout(dir string) (v1.Image, error) {
 	p, err := layout.FromPath(dir)
 	if err != nil {
@@ -270,6 +348,13 @@ func ReadLayout(dir string) (v1.Image, error) {
 	}
 	if len(m.Manifests) == 0 {
 		return nil, fmt.Errorf("layout %s holds no image", dir)
+	}
+	if m.Manifests[0].MediaType.IsIndex() {
+		child, err := idx.ImageIndex(m.Manifests[0].Digest)
+		if err != nil {
+			return nil, fmt.Errorf("read image index from layout %s: %w", dir, err)
+		}
+		return PlatformImage(child, "linux", runtime.GOARCH)
 	}
 	img, err := idx.Image(m.Manifests[0].Digest)
 	if err != nil {
@@ -289,6 +374,20 @@ func Push(ctx context.Context, img v1.Image, ref string, opts ...remote.Option) 
 	opts = append([]remote.Option{remote.WithContext(ctx), remote.WithAuth(authn.Anonymous)}, opts...)
 	if err := remote.Write(r, img, opts...); err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
+}
+
+// PushIndex uploads idx, every image of it included, as ref, over plain
+// HTTP for registries on 127.0.0.0/8 and localhost as Push.
+func PushIndex(ctx context.Context, idx v1.ImageIndex, ref string, opts ...remote.Option) error {
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		return fmt.Errorf("parse reference %q: %w", ref, err)
+	}
+	opts = append([]remote.Option{remote.WithContext(ctx), remote.WithAuth(authn.Anonymous)}, opts...)
+	if err := remote.WriteIndex(r, idx, opts...); err != nil {
+		return fmt.Errorf("push index %s: %w", ref, err)
 	}
 	return nil
 }

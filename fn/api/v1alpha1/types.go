@@ -41,8 +41,22 @@ type Spec struct {
 	Rollout           Rollout             `json:"rollout,omitempty"`
 	NodeLabel         NodeLabel           `json:"nodeLabel,omitempty"`
 	// RefreshInterval is a Go duration; "0" disables the periodic check.
-	RefreshInterval string `json:"refreshInterval,omitempty"`
-	AdmissionPolicy *bool  `json:"admissionPolicy,omitempty"`
+	RefreshInterval string  `json:"refreshInterval,omitempty"`
+	AdmissionPolicy *bool   `json:"admissionPolicy,omitempty"`
+	Metrics         Metrics `json:"metrics,omitempty"`
+}
+
+// Metrics switches on the agent's Prometheus endpoint and the monitoring
+// objects that go with it. docs/monitoring.md describes the metrics and the
+// alerts.
+type Metrics struct {
+	Enabled *bool  `json:"enabled,omitempty"`
+	Port    *int32 `json:"port,omitempty"`
+	// PodMonitor renders a monitoring.coreos.com/v1 PodMonitor.
+	PodMonitor *bool `json:"podMonitor,omitempty"`
+	// Rules renders a monitoring.coreos.com/v1 PrometheusRule with the
+	// alerts.
+	Rules *bool `json:"rules,omitempty"`
 }
 
 // ImageListSource names where more images come from.
@@ -101,6 +115,10 @@ const (
 type Agent struct {
 	Image     string                       `json:"image,omitempty"`
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// ImagePullSecrets are the names of the Secrets the kubelet uses to
+	// pull the agent image itself (the pod's imagePullSecrets), unlike
+	// Spec.ImagePullSecrets, which are for the listed images.
+	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
 }
 
 // CredentialProvider points at kubelet image-credential-provider plugins on
@@ -158,6 +176,7 @@ const (
 	DefaultPullPolicy             = PullKubelet
 	DefaultMaxUnavailable         = "10%"
 	DefaultRefreshInterval        = "10m"
+	DefaultMetricsPort      int32 = 9100
 
 	// ImageListKey is the key of the rendered ConfigMap and the file name
 	// the agent reads.

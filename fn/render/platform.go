@@ -1,0 +1,149 @@
+package render
+
+import (
+	"fmt"
+	"maps"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// Label keys the user may set on the ImagePrefetcher to override the
+// function's value; the other app.kubernetes.io labels are the function's.
+const (
+	LabelVersion   = "app.kubernetes.io/version"
+	LabelComponent = "app.kubernetes.io/component"
+)
+
+// OSLabel is the well-known node label every kubelet sets. The agent is a
+// Linux binary, and the default tolerations would otherwise put it on
+// Windows nodes, where it never becomes ready and holds up rollouts.
+const (
+	OSLabel = "kubernetes.io/os"
+	OSLinux = "linux"
+)
+
+// functionLabels are the labels whose values the function always sets:
+// selectors and ownership checks rely on them.
+var functionLabels = map[string]bool{LabelName: true, LabelInstance: true, LabelManagedBy: true}
+
+// toolAnnotationPrefixes are annotation namespaces that belong to the tools
+// the ImagePrefetcher passed through, not to the user: kustomize and kpt
+// bookkeeping (file paths, indexes, function declarations, hash requests,
+// local-config), and the function's own domain (the pod template's config
+// hash must not be forged). With kubectl's last-applied copy, they never
+// reach the rendered objects.
+var toolAnnotationPrefixes = []string{
+	v1alpha1.LabelDomain + "/",
+	"config.kubernetes.io/",
+	"internal.config.kubernetes.io/",
+	"config.k8s.io/",
+	"kustomize.config.k8s.io/",
+	"kpt.dev/",
+}
+
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
+
+// userAnnotation reports whether an annotation of the ImagePrefetcher is
+// the user's, to be copied onto the rendered objects.
+func userAnnotation(k string) bool {
+	if k == lastApplied {
+		return false
+	}
+	for _, p := range toolAnnotationPrefixes {
+		if strings.HasPrefix(k, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// MetricsConfig is spec.metrics when enabled.
+type MetricsConfig struct {
+	Port       int32 `json:"port"`
+	PodMonitor bool  `json:"podMonitor,omitempty"`
+	Rules      bool  `json:"rules,omitempty"`
+}
+
+// MetricsPortName names the agent's metrics port; the PodMonitor and the
+// probes refer to it by this name.
+const MetricsPortName = "metrics"
+
+// validatePlatform checks and applies what a platform team expects of a
+// DaemonSet: metadata propagation, the pod's own pull secrets, the Linux
+// node selector and the metrics endpoint.
+func (c *Config) validatePlatform(ip *v1alpha1.ImagePrefetcher) Problems {
+	var p Problems
+	s := ip.Spec
+
+	for _, k := range sortedKeys(ip.Metadata.Labels) {
+		if functionLabels[k] {
+			continue
+		}
+		if c.ExtraLabels == nil {
+			c.ExtraLabels = map[string]string{}
+		}
+		c.ExtraLabels[k] = ip.Metadata.Labels[k]
+	}
+	for _, k := range sortedKeys(ip.Metadata.Annotations) {
+		if !userAnnotation(k) {
+			continue
+		}
+		if c.ExtraAnnotations == nil {
+			c.ExtraAnnotations = map[string]string{}
+		}
+		c.ExtraAnnotations[k] = ip.Metadata.Annotations[k]
+	}
+
+	seen := map[string]bool{}
+	for i, name := range s.Agent.ImagePullSecrets {
+		fp := fmt.Sprintf("spec.agent.imagePullSecrets[%d]", i)
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			p = append(p, errorf(fp, "%q is not a valid Secret name: %s", name, strings.Join(errs, "; ")))
+			continue
+		}
+		if seen[name] {
+			p = append(p, errorf(fp, "Secret %q is listed twice", name))
+			continue
+		}
+		seen[name] = true
+		c.AgentPullSecrets = append(c.AgentPullSecrets, name)
+	}
+
+	// The user's own kubernetes.io/os, whatever its value, replaces the
+	// default: that is the documented way out.
+	if _, set := s.NodeSelector[OSLabel]; !set {
+		sel := map[string]string{OSLabel: OSLinux}
+		maps.Copy(sel, s.NodeSelector)
+		c.NodeSelector = sel
+	}
+
+	m := s.Metrics
+	enabled := m.Enabled != nil && *m.Enabled
+	port := v1alpha1.DefaultMetricsPort
+	if m.Port != nil {
+		port = *m.Port
+		if port < 1 || port > 65535 {
+			p = append(p, errorf("spec.metrics.port", "must be between 1 and 65535, got %d", port))
+		}
+	}
+	podMonitor, rules := m.PodMonitor != nil && *m.PodMonitor, m.Rules != nil && *m.Rules
+	if !enabled {
+		for _, f := range []struct {
+			name string
+			on   bool
+		}{{"podMonitor", podMonitor}, {"rules", rules}} {
+			if f.on {
+				p = append(p, errorf("spec.metrics."+f.name, "needs spec.metrics.enabled: true: without it the agent serves no metrics"))
+			}
+		}
+		return p
+	}
+	c.Metrics = &MetricsConfig{Port: port, PodMonitor: podMonitor, Rules: rules}
+	if rules && !podMonitor {
+		p = append(p, warnf("spec.metrics.rules", "is true without spec.metrics.podMonitor: the alerts select the agent's series by the target labels namespace and prefetcher=%q, which the rendered PodMonitor adds; make sure your own scrape configuration adds them too (docs/monitoring.md)", c.Name))
+	}
+	return p
+}
