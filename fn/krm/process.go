@@ -55,13 +55,16 @@ func isPrefetcher(n *yaml.RNode) bool {
 // Process expands ImagePrefetchers in rl.
 //
 // Generator mode: the functionConfig is an ImagePrefetcher and kustomize
-// runs the function. Its expansion is appended, the ConfigMap marked for
-// kustomize's hash suffix. kustomize echoes a generator's config as an
-// item; that copy is dropped so that nothing is expanded twice.
+// invoked the function as a generator (see invokedAsGenerator). Its
+// expansion is appended, the ConfigMap marked for kustomize's hash suffix.
+// kustomize echoes a generator's config as an item; that copy is dropped
+// so that nothing is expanded twice.
 //
 // Transformer mode, kustomize: every ImagePrefetcher item is replaced by
 // its expansion, in place. An upper kustomization running the function
-// again therefore never sees it, and never expands it twice.
+// again therefore never sees it, and never expands it twice. An
+// ImagePrefetcher functionConfig that is not among the items (an
+// annotated ImagePrefetcher under transformers:) is expanded after them.
 //
 // kpt: the package is the source of truth and is rendered in place, again
 // and again. Every ImagePrefetcher stays (it is the intent), marked
@@ -106,8 +109,9 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 	var results fn.Results
 	kpt := InvokedBy(items, fc) == Kpt
 	fcIsIP := fc != nil && isPrefetcher(fc)
-	generator := fcIsIP && !kpt
+	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
 	lookup := configMapLookup(items)
+	results = append(results, typoWarnings(items, fc)...)
 	// A kustomize generator is given its own configuration and nothing
 	// else: no workload to select.
 	workloadItems := items
@@ -117,6 +121,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 
 	expand := func(src *yaml.RNode) *expansion {
 		objs, rs := expandOne(src, lookup, workloadItems)
+		explain(rs, src, items, generator)
 		results = append(results, rs...)
 		if objs == nil {
 			return nil
@@ -210,6 +215,11 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 			} else {
 				out = append(out, it)
 			}
+		}
+		if e := expandConfig(fc, items, expand); e != nil {
+			setPaths(e, fc)
+			exps = append(exps, e)
+			slots = append(slots, slot{at: -1, exp: e})
 		}
 	}
 	if results.ExitCode() != 0 {

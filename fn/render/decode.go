@@ -205,8 +205,14 @@ func normalizeDurations(generic any, probs *Problems) {
 				continue
 			}
 			*probs = append(*probs, errorf(strings.Join(fp, "."), "%d has no unit: write a Go duration such as %ds or %dm (only 0 may go without one)", v, v, v))
+			delete(m, last) // reported: the field walk need not see it again
 		case float64:
+			if v == 0 {
+				m[last] = "0" // 0.0 is zero too
+				continue
+			}
 			*probs = append(*probs, errorf(strings.Join(fp, "."), "%v has no unit: write a Go duration such as 90s, 5m or 1h30m (only 0 may go without one)", v))
+			delete(m, last)
 		}
 	}
 }
@@ -267,6 +273,10 @@ func checkFields(v any, t reflect.Type, path string, probs *Problems) {
 		default:
 			*probs = append(*probs, errorf(path, "%s is not valid here: %v", b, err))
 		}
+		return
+	}
+	if msg := scalarMismatch(v, t); msg != "" {
+		*probs = append(*probs, errorf(path, "%s", msg))
 		return
 	}
 	switch t.Kind() {
@@ -352,4 +362,65 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 		out[name] = f.Type
 	}
 	return out
+}
+
+// scalarMismatch returns why the YAML value v cannot be decoded into the
+// scalar type t, with the value itself and the fix, or "". encoding/json
+// would say only "must be an integer" at the nearest struct field, and
+// not at a map's key or on an int32 overflow.
+func scalarMismatch(v any, t reflect.Type) string {
+	if v == nil {
+		return "" // null: the zero value, as in the apiserver
+	}
+	got := func() string {
+		switch x := v.(type) {
+		case string:
+			return fmt.Sprintf("the string %q", x)
+		case bool:
+			return fmt.Sprintf("the boolean %v", x)
+		case int, int64, uint64, float64:
+			return fmt.Sprintf("the number %v", x)
+		case []any:
+			return "a list"
+		case map[string]any:
+			return "an object"
+		}
+		return fmt.Sprintf("%v", v)
+	}
+	switch t.Kind() {
+	case reflect.String:
+		switch x := v.(type) {
+		case string:
+			return ""
+		case bool, int, int64, uint64, float64:
+			return fmt.Sprintf("must be a string, got %s: quote it, as \"%v\"", got(), x)
+		}
+		return "must be a string, got " + got()
+	case reflect.Bool:
+		if _, ok := v.(bool); ok {
+			return ""
+		}
+		return "must be true or false, got " + got()
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		var n int64
+		switch x := v.(type) {
+		case int:
+			n = int64(x)
+		case int64:
+			n = x
+		case uint64:
+			return fmt.Sprintf("%d is too large: at most %d", x, int64(1)<<(t.Bits()-1)-1)
+		case float64:
+			return fmt.Sprintf("must be a whole number, got %v", x)
+		case string:
+			return fmt.Sprintf("must be a whole number, got %s: drop the quotes if it is one", got())
+		default:
+			return "must be a whole number, got " + got()
+		}
+		lo, hi := -(int64(1) << (t.Bits() - 1)), int64(1)<<(t.Bits()-1)-1
+		if n < lo || n > hi {
+			return fmt.Sprintf("%d is out of range: it must be between %d and %d", n, lo, hi)
+		}
+	}
+	return ""
 }

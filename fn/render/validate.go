@@ -20,6 +20,10 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
 )
 
+// previousNamesAnnotation is how kustomize tells a function what an object
+// was called before namePrefix/nameSuffix renamed it.
+const previousNamesAnnotation = "internal.config.kubernetes.io/previousNames"
+
 // Limits that keep the rendered objects reasonable.
 const (
 	maxParallelism        = 64
@@ -114,6 +118,8 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	switch {
 	case c.Name == "":
 		p = append(p, errorf("metadata.name", "is required: it names the instance"))
+	case len(c.Name) > validation.DNS1123LabelMaxLength:
+		p = append(p, errorf("metadata.name", "%q is %d characters long, above the %d an instance name may have: it becomes the last segment of the node label key %s%s", c.Name, len(c.Name), validation.DNS1123LabelMaxLength, v1alpha1.NodeKey("<name>"), renamedBy(ip)))
 	case len(validation.IsDNS1123Label(c.Name)) > 0 || len(validation.IsQualifiedName(c.Name)) > 0:
 		p = append(p, errorf("metadata.name", "%q is not a valid instance name: it becomes the node label key %s, so it must be a label name segment of at most 63 characters, and it names Kubernetes objects, so only lowercase letters, digits and '-' are allowed, starting and ending with a letter or digit", c.Name, v1alpha1.NodeKey(c.Name)))
 	}
@@ -166,12 +172,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	c.Resources = DefaultResources()
 	if s.Agent.Resources != nil {
 		c.Resources = *s.Agent.Resources
-		for _, name := range sortedKeys(c.Resources.Limits) {
-			limit := c.Resources.Limits[name]
-			if req, ok := c.Resources.Requests[name]; ok && req.Cmp(limit) > 0 {
-				p = append(p, errorf("spec.agent.resources.requests."+string(name), "request %s is above the limit %s", req.String(), limit.String()))
-			}
-		}
+		p = append(p, checkResources(c.Resources, "spec.agent.resources")...)
 	}
 
 	seen := map[string]bool{}
@@ -213,6 +214,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	}
 	c.NodeSelector = s.NodeSelector
 	c.Affinity = s.Affinity
+	p = append(p, checkAffinity(s.Affinity, "spec.affinity")...)
 
 	// Like the reference, tolerate every taint unless told otherwise: the
 	// images are wanted on every node a workload might land on.
@@ -220,23 +222,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	if s.Tolerations != nil {
 		c.Tolerations = s.Tolerations
 	}
-	for i, t := range s.Tolerations {
-		fp := fmt.Sprintf("spec.tolerations[%d]", i)
-		switch t.Operator {
-		case "", corev1.TolerationOpEqual:
-		case corev1.TolerationOpExists:
-			if t.Value != "" {
-				p = append(p, errorf(fp+".value", "must be empty when operator is Exists"))
-			}
-		default:
-			p = append(p, errorf(fp+".operator", "%q is not supported: use Equal or Exists", t.Operator))
-		}
-		switch t.Effect {
-		case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
-		default:
-			p = append(p, errorf(fp+".effect", "%q is not supported: use NoSchedule, PreferNoSchedule or NoExecute", t.Effect))
-		}
-	}
+	p = append(p, checkTolerations(s.Tolerations, "spec.tolerations")...)
 
 	if s.PriorityClassName != "" {
 		if errs := validation.IsDNS1123Subdomain(s.PriorityClassName); len(errs) > 0 {
@@ -266,6 +252,10 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 			} else {
 				p = append(p, errorf(field, "must be greater than zero, got %q", val))
 			}
+		case d > 0:
+			if f := durationFloors[field]; d < f.min {
+				p = append(p, errorf(field, "%q is below the minimum of %s: %s", val, shortDuration(f.min), f.why))
+			}
 		}
 		*out = d
 	}
@@ -275,12 +265,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	dur("spec.pull.initialRetryDelay", s.Pull.InitialRetryDelay, v1alpha1.DefaultInitialRetry, false, &c.InitialRetry)
 	dur("spec.pull.maxRetryDelay", s.Pull.MaxRetryDelay, v1alpha1.DefaultMaxRetry, false, &c.MaxRetry)
 	dur("spec.refreshInterval", s.RefreshInterval, v1alpha1.DefaultRefreshInterval, true, &c.RefreshInterval)
-	if c.InitialAttempt > 0 && c.MaxAttempt > 0 && c.InitialAttempt > c.MaxAttempt {
-		p = append(p, errorf("spec.pull.initialAttemptTimeout", "%s is above maxAttemptTimeout %s", c.InitialAttempt, c.MaxAttempt))
-	}
-	if c.InitialRetry > 0 && c.MaxRetry > 0 && c.InitialRetry > c.MaxRetry {
-		p = append(p, errorf("spec.pull.initialRetryDelay", "%s is above maxRetryDelay %s", c.InitialRetry, c.MaxRetry))
-	}
+	p = append(p, c.checkDurationOrder(s.Pull)...)
 
 	switch s.Pull.Policy {
 	case "":
@@ -304,6 +289,8 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 			p = append(p, errorf("spec.pull.seedNodes", "must not be negative, got %d", c.SeedNodes))
 		case c.SeedNodes > 0 && c.MaxConcurrentNodes == 0:
 			p = append(p, errorf("spec.pull.seedNodes", "needs spec.pull.maxConcurrentNodes > 0: seeding works through the concurrency slots"))
+		case c.SeedNodes > c.MaxConcurrentNodes:
+			p = append(p, errorf("spec.pull.seedNodes", "%d is above spec.pull.maxConcurrentNodes %d: seeds pull in the first slots, so there can be at most as many seeds as slots", c.SeedNodes, c.MaxConcurrentNodes))
 		}
 	}
 
@@ -316,6 +303,9 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	}
 
 	p = append(p, c.validatePlatform(ip)...)
+	// They land on every rendered object and on the agent's pods.
+	p = append(p, checkLabelMap(c.ExtraLabels, "metadata.labels")...)
+	p = append(p, checkAnnotationMap(c.ExtraAnnotations, "metadata.annotations")...)
 
 	c.RequireAllImages = s.Rollout.RequireAllImages != nil && *s.Rollout.RequireAllImages
 	c.NodeLabel = s.NodeLabel.Enabled == nil || *s.NodeLabel.Enabled
@@ -327,7 +317,24 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 		p = append(p, warnf("spec.admissionPolicy", "is false: the agent's patch on nodes is then scoped by RBAC alone, so its ServiceAccount may change any label, annotation or field of every Node; keep the policy unless your cluster cannot install ValidatingAdmissionPolicies, or set spec.nodeLabel.enabled: false if you do not need the node label"))
 	}
 	p = append(p, c.validateStartupTaint(s)...)
+	if !p.HasErrors() {
+		// Both need a Config that renders: they look at what it renders.
+		p = append(p, c.checkMounts(s)...)
+		p = append(p, c.checkListSize(s)...)
+	}
 	return c, p
+}
+
+// renamedBy explains, for an instance name kustomize changed before the
+// function ran (namePrefix or nameSuffix in the kustomization that lists
+// the function), where the extra characters came from.
+func renamedBy(ip *v1alpha1.ImagePrefetcher) string {
+	prev := ip.Metadata.Annotations[previousNamesAnnotation]
+	if prev == "" {
+		return ""
+	}
+	orig, _, _ := strings.Cut(prev, ",")
+	return fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, so shorten the name or the prefix/suffix", orig)
 }
 
 func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {

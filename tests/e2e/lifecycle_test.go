@@ -86,8 +86,7 @@ func Test07ImageGC(t *testing.T) {
 	const refreshInterval = 3 * time.Second
 	const pullSlack = refreshInterval / 2
 	const bound = refreshInterval + refreshInterval/10 + pullSlack
-	spec := yamlList(refs) + fmt.Sprintf("  refreshInterval: %s\n", refreshInterval)
-	d := e.deployInstance(t, instance{Name: "gc", Namespace: "e2e-gc", Spec: spec})
+	d := e.deployWithRefresh(t, instance{Name: "gc", Namespace: "e2e-gc", Spec: yamlList(refs)}, refreshInterval)
 	for _, n := range c.Nodes() {
 		e.waitLabel(t, d, n.Name, "succeeded", labelWait)
 	}
@@ -145,8 +144,7 @@ func Test07ImageGC(t *testing.T) {
 func Test08Drift(t *testing.T) {
 	e := setup(t)
 	refs := testImages(t, 1000, 128<<10, "drift-a")
-	spec := yamlList(refs) + "  refreshInterval: 3s\n"
-	d := e.deployInstance(t, instance{Name: "drift", Namespace: "e2e-drift", Spec: spec})
+	d := e.deployWithRefresh(t, instance{Name: "drift", Namespace: "e2e-drift", Spec: yamlList(refs)}, 3*time.Second)
 	for _, n := range c.Nodes() {
 		e.waitLabel(t, d, n.Name, "succeeded", labelWait)
 	}

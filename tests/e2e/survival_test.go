@@ -34,7 +34,7 @@ func Test13Status(t *testing.T) {
 	reg := c.Registry()
 	reg.Fail(registry.Match{Repo: "e2e/status-gone"}, 404, 0)
 	t.Cleanup(reg.ClearFaults)
-	d := e.deployInstance(t, instance{Name: "status", Namespace: "e2e-status", Spec: yamlList(refs) + "  refreshInterval: 3s\n"})
+	d := e.deployWithRefresh(t, instance{Name: "status", Namespace: "e2e-status", Spec: yamlList(refs)}, 3*time.Second)
 	e.waitLabel(t, d, one.Name, "succeeded", labelWait)
 	e.waitLabel(t, d, two.Name, "failed", labelWait)
 

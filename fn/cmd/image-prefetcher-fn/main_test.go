@@ -224,6 +224,33 @@ var errorCases = []struct {
 	{name: "duration-bare-number", ip: baseMeta + "spec:\n  images: [debian]\n  refreshInterval: 30\n"},
 	{name: "duration-bare-zero-not-allowed", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    overallTimeout: 0\n"},
 	{name: "max-unavailable-wrong-type", ip: baseMeta + "spec:\n  images: [debian]\n  rollout:\n    maxUnavailable: true\n"},
+	// Rules the kube-apiserver applies to what the values render into.
+	{name: "toleration-empty-key-equal", ip: baseMeta + "spec:\n  images: [debian]\n  tolerations:\n  - operator: Equal\n    value: x\n"},
+	{name: "toleration-seconds-not-noexecute", ip: baseMeta + "spec:\n  images: [debian]\n  tolerations:\n  - key: k\n    operator: Exists\n    effect: NoSchedule\n    tolerationSeconds: 30\n"},
+	{name: "toleration-invalid-key", ip: baseMeta + "spec:\n  images: [debian]\n  tolerations:\n  - key: 'bad key!'\n    operator: Exists\n"},
+	{name: "affinity-no-terms", ip: baseMeta + "spec:\n  images: [debian]\n  affinity:\n    nodeAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n        nodeSelectorTerms: []\n"},
+	{name: "affinity-pod-term-without-topology-key", ip: baseMeta + "spec:\n  images: [debian]\n  affinity:\n    podAntiAffinity:\n      preferredDuringSchedulingIgnoredDuringExecution:\n      - weight: 101\n        podAffinityTerm:\n          labelSelector: {matchLabels: {app: x}}\n"},
+	{name: "resources-not-a-resource", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      requests: {gpu: 1}\n"},
+	{name: "resources-negative", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      requests: {memory: -1Mi}\n"},
+	{name: "resources-extended-without-limit", ip: baseMeta + "spec:\n  images: [debian]\n  agent:\n    resources:\n      requests: {nvidia.com/gpu: 1}\n"},
+	{name: "cri-socket-mount-clash", ip: baseMeta + "spec:\n  images: [debian]\n  criSocket: /tmp/containerd.sock\n"},
+	{name: "credential-provider-mount-clash", ip: baseMeta + "spec:\n  images: [debian]\n  credentialProvider:\n    configPath: /run/containerd/cp.yaml\n    binDir: /run/containerd\n"},
+	{name: "labels-invalid", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: prefetch\n  labels:\n    'bad key!': x\n    team: 'not valid!'\nspec:\n  images: [debian]\n"},
+	{name: "list-too-large", ip: baseMeta + "spec:\n  images:\n" + manyImages(12000)},
+	// Bounds and the fields that bound one another.
+	{name: "refresh-interval-below-minimum", ip: baseMeta + "spec:\n  images: [debian]\n  refreshInterval: 10ms\n"},
+	{name: "overall-timeout-below-minimum", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    overallTimeout: 1ns\n"},
+	{name: "attempt-timeout-below-minimum", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialAttemptTimeout: 500ms\n"},
+	{name: "overall-timeout-below-initial-attempt", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialAttemptTimeout: 10m\n    maxAttemptTimeout: 10m\n    overallTimeout: 5m\n"},
+	{name: "seed-nodes-above-cap", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 2\n    seedNodes: 3\n"},
+	// Messages that name the value and the fix.
+	{name: "node-selector-bool-value", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    gpu: true\n"},
+	{name: "parallelism-int32-overflow", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 2147483648\n"},
+	{name: "name-too-long-after-name-prefix", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: production-eu-west-1-" + strings.Repeat("x", 50) + "\n  namespace: prefetch\n  annotations:\n    internal.config.kubernetes.io/previousNames: " + strings.Repeat("x", 50) + "\nspec:\n  images: [debian]\n", asItem: true},
+	{name: "generator-namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n",
+		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: demo\n    annotations:\n      config.kubernetes.io/local-config: 'true'\n  spec:\n    images: [debian]\n"},
+	{name: "configmap-other-namespace", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: images.txt}\n", asItem: true,
+		items: "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: images\n    namespace: platform\n  data:\n    images.txt: debian\n"},
 	{name: "conflicting-object", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- apiVersion: v1\n  kind: ServiceAccount\n  metadata:\n    name: image-prefetcher-demo\n    namespace: prefetch\n"},
 	{name: "workloads-invalid-image", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{kind: Deployment}]\n", asItem: true,
@@ -234,13 +261,25 @@ var errorCases = []struct {
 		items: "- apiVersion: batch/v1\n  kind: CronJob\n  metadata:\n    name: report\n    namespace: shop\n  spec:\n    jobTemplate:\n      spec:\n        template:\n          spec:\n            containers:\n            - name: report\n              image: [nginx]\n"},
 	{name: "workloads-selector-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads:\n    - name: \"web(\"\n      labelSelector: \"tier in (a\"\n    - {}\n", asItem: true},
 	{name: "workloads-empty", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads: []\n", asItem: true},
-	{name: "workloads-in-generator", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads: [{}]\n"},
+	// What kustomize sends a generator: its config, echoed as the one
+	// local-config item.
+	{name: "workloads-in-generator", ip: baseMeta + "spec:\n  images: [debian]\n  imageListFrom:\n    workloads: [{}]\n",
+		items: "- " + strings.ReplaceAll(strings.TrimSpace(baseMeta+"  annotations:\n    config.kubernetes.io/local-config: 'true'\nspec:\n  images: [debian]\n  imageListFrom:\n    workloads: [{}]"), "\n", "\n  ") + "\n"},
 	{name: "workloads-select-nothing", ip: baseMeta + "spec:\n  imageListFrom:\n    workloads: [{namespace: missing}]\n", asItem: true},
 	{name: "duplicate-instance", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- " + strings.ReplaceAll(strings.TrimSpace(baseMeta+"spec:\n  images: [busybox]"), "\n", "\n  ") + "\n"},
 	// One node key per name, whatever the namespace: both are named.
 	{name: "same-name-two-namespaces", ip: baseMeta + "spec:\n  images: [debian]\n", asItem: true,
 		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: demo\n    namespace: team-b\n  spec:\n    images: [busybox]\n"},
+}
+
+// manyImages is a YAML list of n distinct, long references.
+func manyImages(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "  - registry.example.com/platform/team-with-a-long-name/service-with-a-long-name-%05d:1.0.0\n", i)
+	}
+	return b.String()
 }
 
 func indent(s, pad string) string {
@@ -336,7 +375,15 @@ func TestRenderedInvariants(t *testing.T) {
 					kpt = true
 				}
 			}
+			// kustomize calls a generator with nothing but the echo of its
+			// config, which the function drops: a generator's output holds
+			// only rendered objects.
 			generator := fc.GetKind() == "ImagePrefetcher" && !kpt
+			for _, it := range rl.Items {
+				if it.GetLabel("app.kubernetes.io/managed-by") != "image-prefetcher-fn" {
+					generator = false
+				}
+			}
 			// kpt refuses a ResourceList in which two objects claim the
 			// same place in the same file.
 			at := map[string]string{}

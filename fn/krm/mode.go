@@ -1,0 +1,117 @@
+package krm
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// invokedAsGenerator tells, from how the function was called, whether
+// kustomize runs it as a generator. kustomize calls a generator with its
+// config as the only item, marked local-config (kio runs nothing on an
+// empty input), and a transformer with the resources of the kustomization.
+// The functionConfig alone cannot tell: the same annotated ImagePrefetcher
+// file may sit under generators: or under transformers:, and only a
+// generator's ConfigMap may carry kustomize's needs-hash.
+//
+// Two more inputs count as a generator call: no items at all (a hand-made
+// call), and a generator's own output fed back in (the objects this
+// instance rendered, which are replaced), so that the function stays a
+// fixed point of its own output.
+func invokedAsGenerator(items []*yaml.RNode, fc *yaml.RNode) bool {
+	for _, it := range items {
+		echo := isPrefetcher(it) && idOf(it) == idOf(fc) && it.GetAnnotations()[localConfig] == "true"
+		owner, rendered := ownerOf(it)
+		ours := rendered && owner == instanceOf(fc)
+		if !echo && !ours {
+			return false
+		}
+	}
+	return true
+}
+
+// expandConfig expands an ImagePrefetcher functionConfig of a kustomize
+// transformer (an annotated ImagePrefetcher under transformers:): it
+// declares an instance like a generator's does, unless the same object is
+// also among the resources, which are expanded already.
+func expandConfig(fc *yaml.RNode, items []*yaml.RNode, expand func(*yaml.RNode) *expansion) *expansion {
+	if fc == nil || !isPrefetcher(fc) || slices.ContainsFunc(items, func(it *yaml.RNode) bool { return idOf(it) == idOf(fc) }) {
+		return nil
+	}
+	return expand(fc)
+}
+
+// typoWarnings: an object of the function's API group whose kind the
+// function does not know passes through unexpanded, and the apply fails
+// later with "no matches for kind". So does an ImagePrefetcher under a
+// misspelled group. (An ImagePrefetcher of an unknown version is an error
+// of its own, see expandOne.)
+func typoWarnings(items []*yaml.RNode, fc *yaml.RNode) fn.Results {
+	var rs fn.Results
+	check := func(n *yaml.RNode, what string) {
+		group, _, grouped := strings.Cut(n.GetApiVersion(), "/")
+		if !grouped {
+			group = "" // the core group: "v1"
+		}
+		kind := n.GetKind()
+		var msg string
+		switch {
+		case group == v1alpha1.Group && kind != v1alpha1.Kind:
+			msg = fmt.Sprintf("kind %q is not a kind of %s (did you mean %s?): this %s passes through unexpanded, and applying it fails", kind, v1alpha1.Group, v1alpha1.Kind, what)
+		case group != v1alpha1.Group && strings.EqualFold(kind, v1alpha1.Kind) && (strings.Contains(group, "prefetch") || group == ""):
+			msg = fmt.Sprintf("apiVersion %q is not %s (did you mean it?): this %s passes through unexpanded, and applying it fails", n.GetApiVersion(), v1alpha1.APIVersion, what)
+		default:
+			return
+		}
+		rs = append(rs, &fn.Result{Severity: fn.Warning, Message: msg, ResourceRef: refOf(n), File: fileOf(n), Field: &fn.Field{Path: "kind"}})
+	}
+	for _, it := range items {
+		check(it, "object")
+	}
+	if fc != nil && !slices.ContainsFunc(items, func(it *yaml.RNode) bool { return idOf(it) == idOf(fc) }) {
+		check(fc, "functionConfig")
+	}
+	return rs
+}
+
+// explain adds what only the function's caller can know to findings about
+// an ImagePrefetcher: how it was invoked, and what else is in the input.
+func explain(rs fn.Results, src *yaml.RNode, items []*yaml.RNode, generator bool) {
+	for _, r := range rs {
+		if r.Severity != fn.Error || r.Field == nil {
+			continue
+		}
+		switch r.Field.Path {
+		case "metadata.namespace":
+			if generator && src.GetNamespace() == "" {
+				r.Message += "; in generator mode, a kustomization's namespace: never reaches the generator's config (kustomize applies it to the output afterwards), so set metadata.namespace in the ImagePrefetcher itself"
+			}
+		case "spec.imageListFrom.configMapRef.name":
+			name, _ := src.Pipe(yaml.Lookup("spec", "imageListFrom", "configMapRef", "name"))
+			if name == nil {
+				continue
+			}
+			var elsewhere []string
+			for _, it := range items {
+				if it.GetKind() == "ConfigMap" && it.GetName() == yaml.GetValue(name) && it.GetNamespace() != src.GetNamespace() {
+					elsewhere = append(elsewhere, cmpOr(it.GetNamespace(), "(none)"))
+				}
+			}
+			if len(elsewhere) > 0 {
+				r.Message += fmt.Sprintf("; a ConfigMap of that name is in namespace %s, but the reference is looked up in the ImagePrefetcher's own namespace %q: move one of them", strings.Join(elsewhere, ", "), src.GetNamespace())
+			}
+		}
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,80 @@
+package krm
+
+import (
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+)
+
+func nodes(t *testing.T, docs ...string) []*yaml.RNode {
+	t.Helper()
+	var out []*yaml.RNode
+	for _, d := range docs {
+		n, err := yaml.Parse(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+const (
+	ipDoc   = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: demo, namespace: prefetch}\nspec: {images: [debian]}\n"
+	echoDoc = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: demo, namespace: prefetch, annotations: {config.kubernetes.io/local-config: 'true'}}\nspec: {images: [debian]}\n"
+	oursDoc = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: image-prefetcher-demo, namespace: prefetch, labels: {app.kubernetes.io/managed-by: image-prefetcher-fn, app.kubernetes.io/instance: demo}, annotations: {image-prefetcher.stackrox.io/rendered-for: prefetch/demo}}\n"
+	otherIP = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: other, namespace: prefetch}\nspec: {images: [debian]}\n"
+	nsDoc   = "apiVersion: v1\nkind: Namespace\nmetadata: {name: prefetch}\n"
+)
+
+// TestInvokedAsGenerator: only what kustomize sends a generator (its config
+// echoed as the one local-config item), no items, or the function's own
+// output for that config count as a generator call.
+func TestInvokedAsGenerator(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		items []string
+		want  bool
+	}{
+		{"kustomize's echo", []string{echoDoc}, true},
+		{"no items", nil, true},
+		{"own output fed back", []string{oursDoc}, true},
+		{"the same ImagePrefetcher as a resource, not local-config", []string{ipDoc}, false},
+		{"another ImagePrefetcher (transformers:)", []string{otherIP}, false},
+		{"echo and other resources", []string{echoDoc, nsDoc}, false},
+		{"a resource", []string{nsDoc}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := invokedAsGenerator(nodes(t, tc.items...), nodes(t, ipDoc)[0]); got != tc.want {
+				t.Errorf("invokedAsGenerator = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestTypoWarnings: a kind of the API group the function does not know, or
+// an ImagePrefetcher under another group, is warned about at kind; the
+// function's own kind and unrelated objects are not.
+func TestTypoWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want string // "" for no warning
+	}{
+		{ipDoc, ""},
+		{nsDoc, ""},
+		{"apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: Imageprefetcher\nmetadata: {name: x}\n", `kind "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io`},
+		{"apiVersion: image-prefetcher.stackrox.io/v1\nkind: Prefetcher\nmetadata: {name: x}\n", `kind "Prefetcher" is not a kind of`},
+		{"apiVersion: image-prefetch.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: x}\n", `apiVersion "image-prefetch.stackrox.io/v1alpha1" is not image-prefetcher.stackrox.io/v1alpha1`},
+		{"apiVersion: v1alpha1\nkind: imageprefetcher\nmetadata: {name: x}\n", `apiVersion "v1alpha1" is not`},
+		{"apiVersion: example.com/v1\nkind: ImagePrefetcher\nmetadata: {name: x}\n", ""}, // someone else's kind of that name
+	} {
+		rs := typoWarnings(nodes(t, tc.doc), nil)
+		switch {
+		case tc.want == "" && len(rs) > 0:
+			t.Errorf("%q: unexpected warning %q", tc.doc, rs[0].Message)
+		case tc.want != "" && (len(rs) != 1 || !strings.Contains(rs[0].Message, tc.want) || rs[0].Field.Path != "kind" || rs[0].Severity != "warning"):
+			t.Errorf("%q: got %+v, want one warning at kind containing %q", tc.doc, rs, tc.want)
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package render
+
+import (
+	"strings"
+	"testing"
+
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// TestKustomizeAnnotatedTransformer: the mode follows how kustomize invokes
+// the function, not the shape of its config. An annotated ImagePrefetcher
+// under transformers: expands every ImagePrefetcher of the resources as
+// well as itself, and kustomize's needs-hash, which only a generator's
+// output may carry, never reaches the output. A misspelled kind passes
+// through with a warning on stderr.
+func TestKustomizeAnnotatedTransformer(t *testing.T) {
+	dir := copyTree(t, "testdata/kustomize/annotated-transformer")
+	r := run(t, dir, kustomizeBinary(t), "build", "--enable-alpha-plugins", "--enable-exec", ".")
+	if r.err != nil {
+		t.Fatalf("kustomize build: %v\n%s", r.err, r.stderr)
+	}
+	out := string(r.stdout)
+	daemonSets := map[string]bool{}
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var obj struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+		}
+		if err := sigsyaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatalf("output is not YAML: %v\n%s", err, doc)
+		}
+		if obj.Kind == "DaemonSet" {
+			daemonSets[obj.Metadata.Labels["app.kubernetes.io/instance"]] = true
+		}
+	}
+	for _, want := range []string{"demo", "other"} {
+		if !daemonSets[want] {
+			t.Errorf("no DaemonSet for instance %s in the output:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "needs-hash") {
+		t.Errorf("needs-hash in a transformer's output:\n%s", out)
+	}
+	if strings.Contains(out, "kind: ImagePrefetcher") {
+		t.Errorf("an ImagePrefetcher was left unexpanded:\n%s", out)
+	}
+	if !strings.Contains(out, "kind: Imageprefetcher") {
+		t.Errorf("the misspelled object did not pass through:\n%s", out)
+	}
+	want := `image-prefetcher-fn: warning: Imageprefetcher prefetch/typo: kind: kind "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io (did you mean ImagePrefetcher?)`
+	if !strings.Contains(string(r.stderr), want) {
+		t.Errorf("stderr lacks the typo warning %q:\n%s", want, r.stderr)
+	}
+}
