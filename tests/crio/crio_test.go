@@ -80,6 +80,16 @@ func agentImage(t *testing.T) string {
 // and function, and applies it with extra resources.
 func deploy(t *testing.T, name, spec string, extra ...string) {
 	t.Helper()
+	deployRefresh(t, name, spec, 0, extra...)
+}
+
+// deployRefresh is deploy with watch checking every refresh (see
+// cluster.ShortenRefresh); 0 keeps the rendered interval.
+func deployRefresh(t *testing.T, name, spec string, refresh time.Duration, extra ...string) {
+	t.Helper()
+	if refresh > 0 {
+		spec += "  refreshInterval: 1m\n"
+	}
 	dir := t.TempDir()
 	files := map[string]string{
 		"namespace.yaml": fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", name),
@@ -121,7 +131,14 @@ spec:
 	if !bytes.Contains(out.Bytes(), []byte("/var/run/crio")) {
 		t.Fatalf("the rendered agent does not mount CRI-O's socket directory:\n%s", out.String())
 	}
-	if _, err := c.Apply(ctx, out.Bytes(), cluster.ApplyOptions{}); err != nil {
+	manifests := out.Bytes()
+	if refresh > 0 {
+		var err error
+		if manifests, err = cluster.ShortenRefresh(manifests, refresh); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
 		t.Fatalf("apply: %v", err)
 	}
 }
@@ -246,7 +263,7 @@ func TestCRIOPullSecret(t *testing.T) {
 // again by the watch container, and the label stays succeeded.
 func TestCRIOImageGCRepair(t *testing.T) {
 	refs := images(t, 730, "crio-gc")
-	deploy(t, "crio-gc", list(refs...)+"  refreshInterval: 3s\n")
+	deployRefresh(t, "crio-gc", list(refs...), 3*time.Second)
 	waitLabel(t, "crio-gc", "succeeded", 3*time.Minute)
 	cri, err := c.Nodes()[0].CRI()
 	if err != nil {

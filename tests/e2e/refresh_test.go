@@ -1,9 +1,10 @@
 package e2e_test
 
 import (
-	"bytes"
 	"testing"
 	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
 // deployWithRefresh deploys an instance whose watch checks every interval.
@@ -14,10 +15,9 @@ import (
 func (e env) deployWithRefresh(t *testing.T, in instance, interval time.Duration) *deployed {
 	t.Helper()
 	in.Spec += "  refreshInterval: 1m\n"
-	manifests := e.render(t, in)
-	const rendered = "--refresh-interval=1m0s"
-	if !bytes.Contains(manifests, []byte(rendered)) {
-		t.Fatalf("the rendered DaemonSet has no %s", rendered)
+	manifests, err := cluster.ShortenRefresh(e.render(t, in), interval)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return e.deploy(t, in, bytes.ReplaceAll(manifests, []byte(rendered), []byte("--refresh-interval="+interval.String())))
+	return e.deploy(t, in, manifests)
 }

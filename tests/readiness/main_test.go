@@ -112,6 +112,16 @@ func (in *instance) key() string { return labelDomain + in.name }
 // with a valid token, then the rest.
 func deploy(t *testing.T, name, spec string) *instance {
 	t.Helper()
+	return deployRefresh(t, name, spec, 0)
+}
+
+// deployRefresh is deploy with watch checking every refresh (see
+// cluster.ShortenRefresh); 0 keeps the rendered interval.
+func deployRefresh(t *testing.T, name, spec string, refresh time.Duration) *instance {
+	t.Helper()
+	if refresh > 0 {
+		spec += "  refreshInterval: 1m\n"
+	}
 	dir := t.TempDir()
 	files := map[string]string{
 		"namespace.yaml": fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels:\n    pod-security.kubernetes.io/enforce: privileged\n", name),
@@ -143,7 +153,14 @@ spec:
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("kustomize build: %v\n%s", err, stderr.String())
 	}
-	in := &instance{name: name, spec: spec, manifests: stdout.Bytes()}
+	manifests := stdout.Bytes()
+	if refresh > 0 {
+		var err error
+		if manifests, err = cluster.ShortenRefresh(manifests, refresh); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := &instance{name: name, spec: spec, manifests: manifests}
 	t.Cleanup(func() { remove(t, in) })
 	if _, err := c.Apply(ctx, in.manifests, cluster.ApplyOptions{}); err != nil {
 		t.Fatalf("apply %s: %v", name, err)

@@ -354,7 +354,7 @@ func TestStartupTaintMaxWaitZero(t *testing.T) {
 	n1 := c.Nodes()[0]
 	setTaints(t, n1.Name, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
 	t.Cleanup(func() { setTaints(t, n1.Name) })
-	in := deploy(t, "keep", fmt.Sprintf("  images:\n  - %s\n  nodeSelector:\n    e2e.image-prefetcher.io/node: %s\n  refreshInterval: 5s\n  startupTaint:\n    key: %s\n    maxWait: 0\n", img, n1.Name, key))
+	in := deployRefresh(t, "keep", fmt.Sprintf("  images:\n  - %s\n  nodeSelector:\n    e2e.image-prefetcher.io/node: %s\n  startupTaint:\n    key: %s\n    maxWait: 0\n", img, n1.Name, key), 5*time.Second)
 	waitLabel(t, in, n1.Name, "failed", 3*time.Minute)
 	// A few of the agent's polls (every 5 s) and watch's checks.
 	time.Sleep(15 * time.Second)
