@@ -75,7 +75,7 @@ func TestFetchRemovesStartupTaintOnceImagesPresent(t *testing.T) {
 	if code := e.run("status", "--instance="+testInstance, "-l", "kubernetes.io/hostname="+testNode); code != 0 {
 		t.Errorf("status exit %d:\n%s", code, e.stdout)
 	}
-	want := "NODE    INSTANCE  STATE      STARTUP-TAINT  PRESENT  FAILURES\nnode-a  demo      succeeded  absent         1/1      -\n"
+	want := "NODE    INSTANCE  STATE      OWNER          STARTUP-TAINT  PRESENT  FAILURES\nnode-a  demo      succeeded  prefetch/demo  absent         1/1      -\n"
 	if got := e.stdout.String(); got != want {
 		t.Errorf("status:\n%s\nwant:\n%s", got, want)
 	}
@@ -163,9 +163,9 @@ func TestStatusStartupTaintFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.run("status", "--instance=web", "--startup-taint="+testTaint)
-	want := `NODE  INSTANCE  STATE      STARTUP-TAINT  PRESENT  FAILURES
-n1    web       succeeded  absent         2/2      -
-n2    web       failed     present        1/2      typo:1 (NotFound)
+	want := `NODE  INSTANCE  STATE      OWNER  STARTUP-TAINT  PRESENT  FAILURES
+n1    web       succeeded  -      absent         2/2      -
+n2    web       failed     -      present        1/2      typo:1 (NotFound)
 `
 	if got := e.stdout.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
