@@ -69,7 +69,7 @@ spec:
 			t.Fatal(err)
 		}
 	}
-	hash := regexp.MustCompile(`^(ConfigMap prefetch/image-prefetcher-b-images)-[a-z0-9]{10}$`)
+	hash := regexp.MustCompile(`^(ConfigMap prefetch/image-prefetcher-b\.images)-[a-z0-9]{10}$`)
 	for _, tc := range []struct {
 		dir       string
 		instances []intent
