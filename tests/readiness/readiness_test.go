@@ -211,9 +211,16 @@ func TestStartupTaintNewNode(t *testing.T) {
 		t.Errorf("status: %v\n%s", err, out)
 	}
 	t.Logf("status:\n%s", out)
+	// Columns: NODE INSTANCE STATE OWNER STARTUP-TAINT PRESENT FAILURES.
+	rows := map[string][]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			rows[f[0]] = f
+		}
+	}
 	for _, n := range c.Nodes() {
-		if !strings.Contains(string(out), n.Name+"  warm      succeeded  absent") {
-			t.Errorf("status does not show %s succeeded with the taint absent:\n%s", n.Name, out)
+		if f := rows[n.Name]; len(f) < 5 || f[1] != "warm" || f[2] != "succeeded" || f[3] != "warm/warm" || f[4] != "absent" {
+			t.Errorf("status does not show %s succeeded, owned by warm/warm, with the taint absent:\n%s", n.Name, out)
 		}
 	}
 
