@@ -327,6 +327,8 @@ func runAgent(ctx context.Context, t *testing.T, n *node, instance string, list 
 		"--cri-socket=" + n.node.CRISocket,
 		"--node-name=" + n.node.Name,
 		"--instance=" + instance,
+		// The owner recorded with the key; labeling needs it.
+		"--namespace=image-prefetcher-runtimes",
 		"--image-list-file=" + listFile,
 		"--log-format=json",
 	}, flags...)
