@@ -38,15 +38,7 @@ func pushApp(t *testing.T) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin, err := cluster.PauseBinary(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := ociimage.Build(ociimage.Binary(bin, "65532:65532"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Push(ctx, img, "readiness/app:v1"); err != nil {
+	if err := c.PushPause(ctx, "readiness/app:v1", "65532:65532"); err != nil {
 		t.Fatal(err)
 	}
 	return "ghcr.io/readiness/app:v1"
@@ -206,7 +198,7 @@ func TestStartupTaintNewNode(t *testing.T) {
 	}
 
 	// status says the taint is gone from every node.
-	out, err := c.Command(ctx, binPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", in.name).CombinedOutput()
+	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", in.name).CombinedOutput()
 	if err != nil {
 		t.Errorf("status: %v\n%s", err, out)
 	}
