@@ -197,14 +197,15 @@ func TestStartupTaintNewNode(t *testing.T) {
 		t.Errorf("StartupTaintTimeout Events: %v", evs)
 	}
 
-	// status says the taint is gone from every node.
+	// status says the taint is gone from every node (the OWNER column,
+	// namespace/instance, stands between STATE and STARTUP-TAINT).
 	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", in.name).CombinedOutput()
 	if err != nil {
 		t.Errorf("status: %v\n%s", err, out)
 	}
 	t.Logf("status:\n%s", out)
 	for _, n := range c.Nodes() {
-		if !strings.Contains(string(out), n.Name+"  warm      succeeded  absent") {
+		if !strings.Contains(string(out), n.Name+"  warm      succeeded  warm/warm  absent") {
 			t.Errorf("status does not show %s succeeded with the taint absent:\n%s", n.Name, out)
 		}
 	}
