@@ -92,17 +92,7 @@ func (c *Cluster) PushLayoutIndex(ctx context.Context, dir, repoTag string, opts
 
 // pushPause builds the sandbox image and pushes it where PauseImage points.
 func (c *Cluster) pushPause(ctx context.Context) error {
-	bin, err := PauseBinary(ctx)
-	if err != nil {
-		return err
-	}
-	spec := ociimage.Binary(bin, "65535:65535")
-	img, err := ociimage.Build(spec)
-	if err != nil {
-		return err
-	}
-	repoTag := strings.TrimPrefix(PauseImage, "registry.k8s.io/")
-	if err := c.Push(ctx, img, repoTag); err != nil {
+	if err := c.PushPause(ctx, strings.TrimPrefix(PauseImage, "registry.k8s.io/"), "65535:65535"); err != nil {
 		return fmt.Errorf("push pause image: %w", err)
 	}
 	c.progress("pause image pushed as %s", PauseImage)

@@ -15,9 +15,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -37,22 +34,15 @@ const labelDomain = "image-prefetcher.stackrox.io/"
 var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	for _, b := range []string{"kustomize", "image-prefetcher-fn", "image-prefetcher"} {
-		if _, err := os.Stat(binPath(b)); err != nil {
-			fmt.Fprintf(os.Stderr, ">> crio: %s is missing: run `make build tools`\n", binPath(b))
-			os.Exit(1)
-		}
+	if err := cluster.CheckBinaries(); err != nil {
+		fmt.Fprintf(os.Stderr, ">> crio: %v\n", err)
+		os.Exit(1)
 	}
 	os.Exit(cluster.RunMain(m, cluster.Options{
 		Nodes:            1,
 		NodeRuntime:      func(int) cluster.Runtime { return cluster.CRIO },
 		ShortNameAliases: map[string]string{"app": cluster.RegistryAddr + "/aliased/app"},
 	}, &c))
-}
-
-func binPath(name string) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "bin", name)
 }
 
 var (
@@ -90,50 +80,25 @@ func deployRefresh(t *testing.T, name, spec string, refresh time.Duration, extra
 	if refresh > 0 {
 		spec += "  refreshInterval: 1m\n"
 	}
-	dir := t.TempDir()
-	files := map[string]string{
-		"namespace.yaml": fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", name),
-		"prefetcher.yaml": fmt.Sprintf(`apiVersion: image-prefetcher.stackrox.io/v1alpha1
-kind: ImagePrefetcher
-metadata:
-  name: %s
-  namespace: %s
-  annotations:
-    config.kubernetes.io/function: |
-      exec:
-        path: %s
-spec:
-  runtime: crio
-  agent:
-    image: %s
-%s`, name, name, binPath("image-prefetcher-fn"), agentImage(t), spec),
-	}
-	resources := []string{"namespace.yaml"}
+	resources := map[string]string{}
 	for i, e := range extra {
-		f := fmt.Sprintf("extra-%d.yaml", i)
-		files[f] = e
-		resources = append(resources, f)
+		resources[fmt.Sprintf("extra-%d.yaml", i)] = e
 	}
-	files["kustomization.yaml"] = "resources:\n- " + strings.Join(resources, "\n- ") + "\ngenerators:\n- prefetcher.yaml\n"
-	for f, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, f), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	p := cluster.Prefetcher{
+		Name: name, Namespace: name, AgentImage: agentImage(t),
+		Spec:      "  runtime: crio\n" + spec,
+		Resources: resources,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var out, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, binPath("kustomize"), "build", "--enable-alpha-plugins", "--enable-exec", dir)
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kustomize build: %v\n%s", err, stderr.String())
+	manifests, err := p.Render(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !bytes.Contains(out.Bytes(), []byte("/var/run/crio")) {
-		t.Fatalf("the rendered agent does not mount CRI-O's socket directory:\n%s", out.String())
+	if !bytes.Contains(manifests, []byte("/var/run/crio")) {
+		t.Fatalf("the rendered agent does not mount CRI-O's socket directory:\n%s", manifests)
 	}
-	manifests := out.Bytes()
 	if refresh > 0 {
-		var err error
 		if manifests, err = cluster.ShortenRefresh(manifests, refresh); err != nil {
 			t.Fatal(err)
 		}
@@ -292,15 +257,7 @@ func TestCRIOImageGCRepair(t *testing.T) {
 func TestCRIOShortNameAlias(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin, err := cluster.PauseBinary(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := ociimage.Build(ociimage.Binary(bin, "65535:65535"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Push(ctx, img, "aliased/app:latest"); err != nil {
+	if err := c.PushPause(ctx, "aliased/app:latest", "65535:65535"); err != nil {
 		t.Fatal(err)
 	}
 	deploy(t, "crio-alias", list("app"))

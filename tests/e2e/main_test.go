@@ -131,7 +131,7 @@ func setup(t *testing.T) env {
 			return
 		}
 		for _, n := range c.Nodes() {
-			if err := pullOn(ctx, n, shared.agentRef); err != nil {
+			if err := n.Pull(ctx, shared.agentRef); err != nil {
 				setupErr = fmt.Errorf("pre-pull the agent image: %w", err)
 				return
 			}
@@ -170,48 +170,17 @@ func (e env) kustomization(t *testing.T, dir string, in instance) string {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	ns := fmt.Sprintf(`apiVersion: v1
-kind: Namespace
-metadata:
-  name: %s
-  labels:
-    pod-security.kubernetes.io/enforce: privileged
-    pod-security.kubernetes.io/audit: privileged
-    pod-security.kubernetes.io/warn: privileged
-`, in.Namespace)
-	files := map[string]string{"namespace.yaml": ns}
-	resources := []string{"namespace.yaml"}
-	var extra []string
-	for name, content := range in.Resources {
-		files[name] = content
-		extra = append(extra, name)
+	p := cluster.Prefetcher{
+		Name: in.Name, Namespace: in.Namespace, AgentImage: e.agentRef, Spec: in.Spec,
+		NamespaceLabels: map[string]string{
+			"pod-security.kubernetes.io/enforce": "privileged",
+			"pod-security.kubernetes.io/audit":   "privileged",
+			"pod-security.kubernetes.io/warn":    "privileged",
+		},
+		Resources: in.Resources,
 	}
-	sort.Strings(extra)
-	resources = append(resources, extra...)
-	files["prefetcher.yaml"] = fmt.Sprintf(`apiVersion: image-prefetcher.stackrox.io/v1alpha1
-kind: ImagePrefetcher
-metadata:
-  name: %s
-  namespace: %s
-  annotations:
-    config.kubernetes.io/function: |
-      exec:
-        path: %s
-spec:
-  agent:
-    image: %s
-%s`, in.Name, in.Namespace, binPath("image-prefetcher-fn"), e.agentRef, in.Spec)
-	var k strings.Builder
-	k.WriteString("resources:\n")
-	for _, r := range resources {
-		k.WriteString("- " + r + "\n")
-	}
-	k.WriteString("generators:\n- prefetcher.yaml\n")
-	files["kustomization.yaml"] = k.String()
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	if err := p.Write(dir); err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }
@@ -359,19 +328,7 @@ func (e env) deleteObject(ctx context.Context, o *unstructured.Unstructured) err
 // poll calls cond every 500 ms until it returns true or ctx ends; the
 // error names what was awaited and the last state seen.
 func poll(ctx context.Context, what string, cond func() (bool, string)) error {
-	last := ""
-	for {
-		ok, state := cond()
-		if ok {
-			return nil
-		}
-		last = state
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %s)", what, ctx.Err(), last)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return cluster.Poll(ctx, 500*time.Millisecond, what, cond)
 }
 
 // summary is the node annotation's JSON.
@@ -613,18 +570,6 @@ func (e env) logLine(t *testing.T, ns, pod, container string, since time.Time, w
 		t.Fatal(err)
 	}
 	return at, found
-}
-
-func pullOn(ctx context.Context, n *cluster.Node, ref string) error {
-	cri, err := n.CRI()
-	if err != nil {
-		return err
-	}
-	defer cri.Close()
-	if _, err := cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-		return fmt.Errorf("%s: pull %s: %w", n.Name, ref, err)
-	}
-	return nil
 }
 
 func removeOn(ctx context.Context, n *cluster.Node, ref string) error {

@@ -28,7 +28,7 @@ func Test13Status(t *testing.T) {
 	defer cancel()
 	// node-1 has the image already; the registry then loses it, so only
 	// node-2 fails.
-	if err := pullOn(ctx, one, refs[1]); err != nil {
+	if err := one.Pull(ctx, refs[1]); err != nil {
 		t.Fatal(err)
 	}
 	reg := c.Registry()

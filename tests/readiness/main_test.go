@@ -11,13 +11,10 @@
 package readiness_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
@@ -42,22 +38,13 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	for _, name := range []string{"kustomize", "image-prefetcher-fn", "image-prefetcher"} {
-		if fi, err := os.Stat(binPath(name)); err != nil || fi.Mode()&0o111 == 0 {
-			fmt.Fprintf(os.Stderr, ">> readiness: %s is missing: run `make build tools`\n", binPath(name))
-			os.Exit(1)
-		}
+	if err := cluster.CheckBinaries(); err != nil {
+		fmt.Fprintf(os.Stderr, ">> readiness: %v\n", err)
+		os.Exit(1)
 	}
 	// Two nodes at start; two more join during the tests.
 	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2, LateNodes: 2}, &c))
 }
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
-
-func binPath(name string) string { return filepath.Join(repoRoot(), "bin", name) }
 
 // setup pushes the agent image once and pre-pulls it on the nodes there
 // are at start; nodes that join pull it like any new node.
@@ -80,21 +67,11 @@ func setup(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range c.Nodes() {
-		if err := pullOn(ctx, n, ref); err != nil {
+		if err := n.Pull(ctx, ref); err != nil {
 			t.Fatalf("pre-pull the agent image on %s: %v", n.Name, err)
 		}
 	}
 	cs, agentRef = client, ref
-}
-
-func pullOn(ctx context.Context, n *cluster.Node, ref string) error {
-	cri, err := n.CRI()
-	if err != nil {
-		return err
-	}
-	defer cri.Close()
-	_, err = cri.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
-	return err
 }
 
 // instance is one ImagePrefetcher, its own namespace, rendered and applied.
@@ -122,40 +99,17 @@ func deployRefresh(t *testing.T, name, spec string, refresh time.Duration) *inst
 	if refresh > 0 {
 		spec += "  refreshInterval: 1m\n"
 	}
-	dir := t.TempDir()
-	files := map[string]string{
-		"namespace.yaml": fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels:\n    pod-security.kubernetes.io/enforce: privileged\n", name),
-		"prefetcher.yaml": fmt.Sprintf(`apiVersion: image-prefetcher.stackrox.io/v1alpha1
-kind: ImagePrefetcher
-metadata:
-  name: %s
-  namespace: %s
-  annotations:
-    config.kubernetes.io/function: |
-      exec:
-        path: %s
-spec:
-  agent:
-    image: %s
-%s`, name, name, binPath("image-prefetcher-fn"), agentRef, spec),
-		"kustomization.yaml": "resources:\n- namespace.yaml\ngenerators:\n- prefetcher.yaml\n",
-	}
-	for f, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, f), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	p := cluster.Prefetcher{
+		Name: name, Namespace: name, AgentImage: agentRef, Spec: spec,
+		NamespaceLabels: map[string]string{"pod-security.kubernetes.io/enforce": "privileged"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, binPath("kustomize"), "build", "--enable-alpha-plugins", "--enable-exec", dir)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kustomize build: %v\n%s", err, stderr.String())
+	manifests, err := p.Render(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
-	manifests := stdout.Bytes()
 	if refresh > 0 {
-		var err error
 		if manifests, err = cluster.ShortenRefresh(manifests, refresh); err != nil {
 			t.Fatal(err)
 		}
@@ -204,19 +158,7 @@ func remove(t *testing.T, in *instance) {
 
 // poll calls cond every 200 ms until it returns true or ctx ends.
 func poll(ctx context.Context, what string, cond func() (bool, string)) error {
-	last := ""
-	for {
-		ok, state := cond()
-		if ok {
-			return nil
-		}
-		last = state
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %s)", what, ctx.Err(), last)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return cluster.Poll(ctx, 200*time.Millisecond, what, cond)
 }
 
 func node(t *testing.T, name string) *corev1.Node {

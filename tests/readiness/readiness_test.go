@@ -38,15 +38,7 @@ func pushApp(t *testing.T) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin, err := cluster.PauseBinary(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := ociimage.Build(ociimage.Binary(bin, "65532:65532"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Push(ctx, img, "readiness/app:v1"); err != nil {
+	if err := c.PushPause(ctx, "readiness/app:v1", "65532:65532"); err != nil {
 		t.Fatal(err)
 	}
 	return "ghcr.io/readiness/app:v1"
@@ -205,8 +197,9 @@ func TestStartupTaintNewNode(t *testing.T) {
 		t.Errorf("StartupTaintTimeout Events: %v", evs)
 	}
 
-	// status says the taint is gone from every node.
-	out, err := c.Command(ctx, binPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", in.name).CombinedOutput()
+	// status says the taint is gone from every node (the OWNER column,
+	// namespace/instance, stands between STATE and STARTUP-TAINT).
+	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", in.name).CombinedOutput()
 	if err != nil {
 		t.Errorf("status: %v\n%s", err, out)
 	}
