@@ -20,8 +20,18 @@ import (
 const maxProcs = 2
 
 func main() {
-	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) > maxProcs {
-		runtime.GOMAXPROCS(maxProcs)
+	if n := procs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(n)
 	}
 	os.Exit(cli.Execute(context.Background(), os.Args[1:], cli.Deps{}))
+}
+
+// procs is the GOMAXPROCS to run with, given the environment's GOMAXPROCS
+// and the runtime's current value: the runtime's, capped at maxProcs unless
+// the environment set one.
+func procs(env string, current int) int {
+	if env != "" {
+		return current
+	}
+	return min(current, maxProcs)
 }
