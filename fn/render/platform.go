@@ -1,11 +1,8 @@
 package render
 
 import (
-	"fmt"
 	"maps"
 	"strings"
-
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -97,20 +94,9 @@ func (c *Config) validatePlatform(ip *v1alpha1.ImagePrefetcher) Problems {
 		c.ExtraAnnotations[k] = ip.Metadata.Annotations[k]
 	}
 
-	seen := map[string]bool{}
-	for i, name := range s.Agent.ImagePullSecrets {
-		fp := fmt.Sprintf("spec.agent.imagePullSecrets[%d]", i)
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			p = append(p, errorf(fp, "%q is not a valid Secret name: %s", name, strings.Join(errs, "; ")))
-			continue
-		}
-		if seen[name] {
-			p = append(p, errorf(fp, "Secret %q is listed twice", name))
-			continue
-		}
-		seen[name] = true
-		c.AgentPullSecrets = append(c.AgentPullSecrets, name)
-	}
+	var sp Problems
+	c.AgentPullSecrets, sp = secretNames("spec.agent.imagePullSecrets", s.Agent.ImagePullSecrets)
+	p = append(p, sp...)
 
 	// The user's own kubernetes.io/os, whatever its value, replaces the
 	// default: that is the documented way out.

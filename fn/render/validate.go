@@ -175,20 +175,9 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 		p = append(p, checkResources(c.Resources, "spec.agent.resources")...)
 	}
 
-	seen := map[string]bool{}
-	for i, name := range s.ImagePullSecrets {
-		fp := fmt.Sprintf("spec.imagePullSecrets[%d]", i)
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			p = append(p, errorf(fp, "%q is not a valid Secret name: %s", name, strings.Join(errs, "; ")))
-			continue
-		}
-		if seen[name] {
-			p = append(p, errorf(fp, "Secret %q is listed twice", name))
-			continue
-		}
-		seen[name] = true
-		c.PullSecrets = append(c.PullSecrets, name)
-	}
+	var sp Problems
+	c.PullSecrets, sp = secretNames("spec.imagePullSecrets", s.ImagePullSecrets)
+	p = append(p, sp...)
 
 	if cp := s.CredentialProvider; cp != nil {
 		for _, f := range []struct{ path, val string }{{"configPath", cp.ConfigPath}, {"binDir", cp.BinDir}} {
@@ -470,4 +459,26 @@ func kubeletForm(e imagelist.Entry) string {
 		return ref
 	}
 	return e.Normalized
+}
+
+// secretNames checks a list of Secret names at path: each a valid name,
+// none twice. It returns the valid names, first of each kept.
+func secretNames(path string, names []string) ([]string, Problems) {
+	var valid []string
+	var p Problems
+	seen := map[string]bool{}
+	for i, name := range names {
+		fp := fmt.Sprintf("%s[%d]", path, i)
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			p = append(p, errorf(fp, "%q is not a valid Secret name: %s", name, strings.Join(errs, "; ")))
+			continue
+		}
+		if seen[name] {
+			p = append(p, errorf(fp, "Secret %q is listed twice", name))
+			continue
+		}
+		seen[name] = true
+		valid = append(valid, name)
+	}
+	return valid, p
 }
