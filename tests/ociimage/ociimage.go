@@ -237,16 +237,9 @@ const RefAnnotation = "org.opencontainers.image.ref.name"
 // WriteLayout writes img as an OCI image layout in dir (replacing what was
 // there), tagged ref in the index.
 func WriteLayout(dir string, img v1.Image, ref string) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("clear %s: %w", dir, err)
-	}
-	p, err := layout.Write(dir, empty.Index)
+	p, opts, err := newLayout(dir, ref)
 	if err != nil {
-		return fmt.Errorf("create layout %s: %w", dir, err)
-	}
-	var opts []layout.Option
-	if ref != "" {
-		opts = append(opts, layout.WithAnnotations(map[string]string{RefAnnotation: ref}))
+		return err
 	}
 	if err := p.AppendImage(img, opts...); err != nil {
 		return fmt.Errorf("write image to layout %s: %w", dir, err)
@@ -279,21 +272,31 @@ func Index(imgs ...v1.Image) (v1.ImageIndex, error) {
 // WriteLayoutIndex writes idx as an OCI image layout in dir (replacing what
 // was there), tagged ref in the layout's index.
 func WriteLayoutIndex(dir string, idx v1.ImageIndex, ref string) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("clear %s: %w", dir, err)
-	}
-	p, err := layout.Write(dir, empty.Index)
+	p, opts, err := newLayout(dir, ref)
 	if err != nil {
-		return fmt.Errorf("create layout %s: %w", dir, err)
-	}
-	var opts []layout.Option
-	if ref != "" {
-		opts = append(opts, layout.WithAnnotations(map[string]string{RefAnnotation: ref}))
+		return err
 	}
 	if err := p.AppendIndex(idx, opts...); err != nil {
 		return fmt.Errorf("write index to layout %s: %w", dir, err)
 	}
 	return nil
+}
+
+// newLayout replaces dir with an empty OCI layout and returns it with the
+// options that tag what is appended to it as ref (none when ref is empty).
+func newLayout(dir, ref string) (layout.Path, []layout.Option, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return "", nil, fmt.Errorf("clear %s: %w", dir, err)
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return "", nil, fmt.Errorf("create layout %s: %w", dir, err)
+	}
+	var opts []layout.Option
+	if ref != "" {
+		opts = append(opts, layout.WithAnnotations(map[string]string{RefAnnotation: ref}))
+	}
+	return p, opts, nil
 }
 
 // ReadLayoutIndex returns the image index the OCI layout in dir holds (as
