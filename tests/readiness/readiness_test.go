@@ -270,6 +270,19 @@ func TestStartupTaintAdmission(t *testing.T) {
 		setTaints(t, n2.Name)
 		_, _ = cs.CoreV1().Nodes().Patch(context.Background(), n1.Name, types.MergePatchType, []byte(`{"spec":{"unschedulable":null}}`), metav1.PatchOptions{})
 	})
+	// The apiserver starts enforcing a new ValidatingAdmissionPolicy a
+	// moment after it is created: wait until a change the policy denies is
+	// denied (a dry run, which admission sees but nothing stores), so that
+	// the cases below test the policy, not its start-up.
+	if err := cluster.Poll(ctx, 200*time.Millisecond, "the instance's admission policy in force", func() (bool, string) {
+		_, err := agent.CoreV1().Nodes().Patch(ctx, n1.Name, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil {
+			return false, "a dry-run spec change was allowed"
+		}
+		return strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'image-prefetcher.guard.guard'"), err.Error()
+	}); err != nil {
+		t.Fatal(err)
+	}
 	jsonPatch := func(want []corev1.Taint) []byte {
 		return fmt.Appendf(nil, `[{"op":"test","path":"/spec/taints","value":%s},{"op":"replace","path":"/spec/taints","value":%s}]`, mustJSON(start), mustJSON(want))
 	}
