@@ -292,7 +292,8 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		return err
 	}
 	a.cri = c
-	if err := a.runtimeVersion(ctx); err != nil {
+	runtimeName, err := a.runtimeVersion(ctx)
+	if err != nil {
 		c.Close()
 		a.cri = nil
 		return err
@@ -318,6 +319,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 			cfg.Gate = boundedRelease{Gate: a.metrics.Gate(gate), grace: releaseGrace, log: log}
 		}
 	}
+	cfg.Progress = progressOf(runtimeName, c)
 	a.puller = pull.New(statusBound{Runtime: c, timeout: f.statusTimeout}, cfg)
 	return nil
 }
@@ -363,8 +365,8 @@ func listDigest(entries []imagelist.Entry) string {
 }
 
 // runtimeVersion asks the runtime who it is, waiting a little for a
-// runtime that is still starting.
-func (a *agent) runtimeVersion(ctx context.Context) error {
+// runtime that is still starting, and returns its name.
+func (a *agent) runtimeVersion(ctx context.Context) (string, error) {
 	deadline := time.Now().Add(a.flags.versionRetryFor)
 	wait := 200 * time.Millisecond
 	for {
@@ -373,14 +375,14 @@ func (a *agent) runtimeVersion(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			a.log.Info("connected to the container runtime", "socket", a.cri.Socket, "runtime", name, "version", ver)
-			return nil
+			return name, nil
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			return fmt.Errorf("container runtime at %s does not answer: %w", a.cri.Socket, err)
+			return "", fmt.Errorf("container runtime at %s does not answer: %w", a.cri.Socket, err)
 		}
 		a.log.Warn("container runtime not answering yet; retrying", "socket", a.cri.Socket, "err", err)
 		if sleepCtx(ctx, wait) != nil {
-			return ctx.Err()
+			return "", ctx.Err()
 		}
 		wait = min(2*wait, 5*time.Second)
 	}

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/ingest"
 )
 
 // DefaultSocket is where containerd listens on most distributions.
@@ -192,4 +194,23 @@ func (c *Client) PullImage(ctx context.Context, ref string, auth *Auth) (string,
 		return "", c.after(fmt.Errorf("CRI PullImage %s: %w", ref, err))
 	}
 	return resp.GetImageRef(), nil
+}
+
+// Downloads returns the bytes received so far of each blob the runtime is
+// downloading, through containerd's content API on the same socket
+// (agent/ingest). Only containerd serves it: ask only when Version said
+// "containerd". It satisfies pull.Progress.
+func (c *Client) Downloads(ctx context.Context) (map[string]int64, error) {
+	list, err := ingest.List(ctx, c.conn)
+	if err != nil {
+		if errors.Is(err, ingest.ErrUnsupported) {
+			return nil, fmt.Errorf("%w: %w", errors.ErrUnsupported, err)
+		}
+		return nil, c.after(err)
+	}
+	out := make(map[string]int64, len(list))
+	for _, s := range list {
+		out[s.Ref] = s.Offset
+	}
+	return out, nil
 }

@@ -83,6 +83,11 @@ type Config struct {
 	MaxDelay              time.Duration
 	// OverallTimeout bounds pulling once the gate is acquired.
 	OverallTimeout time.Duration
+	// Progress, when set, turns the attempt timeout into a time without
+	// any byte arriving at the runtime (progress.go); ProgressInterval is
+	// how often it is asked.
+	Progress         Progress
+	ProgressInterval time.Duration
 	// PermanentAttempts caps the attempts for an image whose errors are
 	// permanent (not found, unauthorized, ...).
 	PermanentAttempts int
@@ -127,6 +132,9 @@ func (c *Config) defaults() {
 	}
 	if c.PermanentAttempts <= 0 {
 		c.PermanentAttempts = 3
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = DefaultProgressInterval
 	}
 	if c.Gate == nil {
 		c.Gate = NoGate{}
@@ -297,7 +305,7 @@ func (p *Puller) holdAndPull(ctx context.Context, jobs []*job, budget time.Durat
 			}
 		}()
 	}
-	left := p.pullAll(lctx, jobs)
+	left := p.pullAll(lctx, jobs, p.watchProgress(lctx))
 	if len(left) > 0 {
 		p.cfg.Log.Warn("lost the pull slot; stopped pulling until a slot is held again", "images", len(left))
 	}
@@ -427,7 +435,7 @@ type backoffDone struct {
 //
 // Only this goroutine touches the queue, the counters and the results; the
 // goroutines it starts report back on channels.
-func (p *Puller) pullAll(ctx context.Context, queue []*job) (interrupted []*job) {
+func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (interrupted []*job) {
 	attempts := make(chan attemptDone)
 	backoffs := make(chan backoffDone)
 	inFlight, sleeping := 0, 0
@@ -450,7 +458,7 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) (interrupted []*job)
 			}
 			j.r.Attempts++
 			inFlight++
-			go func() { attempts <- p.runAttempt(ctx, j) }()
+			go func() { attempts <- p.runAttempt(ctx, j, w) }()
 		}
 		if inFlight == 0 && sleeping == 0 && len(queue) == 0 {
 			return interrupted
@@ -497,9 +505,9 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job) (interrupted []*job)
 // every pull: a plugin that failed once (throttled by its cloud API) is asked
 // again, and a rotated pull secret is used at once. Plugins cache their
 // answers as they ask, so this costs no extra plugin runs.
-func (p *Puller) runAttempt(ctx context.Context, j *job) attemptDone {
+func (p *Puller) runAttempt(ctx context.Context, j *job, w *progressWatch) attemptDone {
 	auths := p.cfg.Creds.Lookup(ctx, j.r.Normalized)
-	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Ref, auths, j.attemptTimeout)}
+	d := attemptDone{j: j, err: p.attempt(ctx, j.r.Ref, auths, j.attemptTimeout, w)}
 	if d.err != nil && j.statusFailed {
 		// The pull was made only because ImageStatus failed; a registry
 		// that cannot be reached must not turn a present image into a
@@ -601,10 +609,11 @@ func (p *Puller) giveUp(ctx context.Context, j *job) {
 }
 
 // attempt tries every credential, then anonymous, each with a deadline of
-// the whole attempt timeout. Any error moves on to the next try: a registry
-// may answer 401 for a missing tag, and a credential may be slow where the
-// next one is not.
-func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, timeout time.Duration) error {
+// the whole attempt timeout (counted from the last byte the runtime
+// received when w can tell: see tryContext). Any error moves on to the next
+// try: a registry may answer 401 for a missing tag, and a credential may be
+// slow where the next one is not.
+func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, timeout time.Duration, w *progressWatch) error {
 	tries := make([]*cri.Auth, 0, len(auths)+1)
 	for i := range auths {
 		tries = append(tries, &auths[i])
@@ -612,8 +621,9 @@ func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, time
 	tries = append(tries, nil)
 	var first, transient error
 	for _, a := range tries {
-		actx, cancel := context.WithTimeout(ctx, timeout)
+		actx, cancel := tryContext(ctx, w, timeout)
 		_, err := p.rt.PullImage(actx, ref, a)
+		err = cutError(actx, err)
 		cancel()
 		if err == nil {
 			return nil

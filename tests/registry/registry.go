@@ -103,6 +103,8 @@ type stallRule struct {
 	match Match
 	n     int
 	d     time.Duration
+	// after is how many body bytes are sent before the stall.
+	after int64
 	seen  map[string]int
 }
 
@@ -117,6 +119,9 @@ type Request struct {
 	NS     string
 	Status int
 	Bytes  int64
+	// Range is the request's Range header, as the client sent it: a
+	// client resuming a cut-off blob asks for its rest.
+	Range string
 }
 
 // Stats are counters since the registry started or ResetStats.
@@ -141,6 +146,8 @@ type Registry struct {
 	auth      map[string]creds // repository pattern -> credentials
 	latency   time.Duration
 	limit     *limiter
+	// throttles cap the blobs of some repositories on their own.
+	throttles []*throttleRule
 	log       []Request
 
 	requests, bytesSent atomic.Int64
@@ -182,10 +189,17 @@ func (r *Registry) RequireAuth(repo, user, password string) {
 // (Kind is forced to Blobs): the headers are sent, then nothing until d has
 // passed (d <= 0: until the client gives up or ReleaseStalls is called).
 func (r *Registry) Stall(m Match, n int, d time.Duration) {
+	r.StallAfter(m, n, 0, d)
+}
+
+// StallAfter is Stall, with the stall after the first after bytes of the
+// body: a transfer cut off mid-blob, for testing whether a client resumes
+// it or starts over.
+func (r *Registry) StallAfter(m Match, n int, after int64, d time.Duration) {
 	m.Kind = Blobs
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.stalls = append(r.stalls, &stallRule{match: m, n: n, d: d, seen: map[string]int{}})
+	r.stalls = append(r.stalls, &stallRule{match: m, n: n, d: d, after: after, seen: map[string]int{}})
 }
 
 // ReleaseStalls lets every stalled transfer continue.
@@ -215,11 +229,27 @@ func (r *Registry) SetBandwidth(bytesPerSecond int64) {
 	r.limit = &limiter{rate: bytesPerSecond}
 }
 
+// Throttle caps the bytes per second of the blob GETs m matches (Kind is
+// forced to Blobs), all of them together, instead of the cap SetBandwidth
+// sets: a slow registry for some repositories only, so that tests running
+// side by side do not slow each other down.
+func (r *Registry) Throttle(m Match, bytesPerSecond int64) {
+	m.Kind = Blobs
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.throttles = append(r.throttles, &throttleRule{match: m, limit: &limiter{rate: bytesPerSecond}})
+}
+
+type throttleRule struct {
+	match Match
+	limit *limiter
+}
+
 // ClearFaults removes every fault (failures, auth, stalls, latency, cap)
 // and releases stalled transfers. Counters are kept.
 func (r *Registry) ClearFaults() {
 	r.mu.Lock()
-	r.fails, r.stalls, r.auth, r.latency, r.limit = nil, nil, map[string]creds{}, 0, nil
+	r.fails, r.stalls, r.auth, r.latency, r.limit, r.throttles = nil, nil, map[string]creds{}, 0, nil, nil
 	r.redirects = nil
 	r.mu.Unlock()
 	r.ReleaseStalls()
@@ -311,10 +341,11 @@ func peak(p *atomic.Int64, v int64) {
 // ServeHTTP applies the faults, then the real registry.
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.requests.Add(1)
+	rangeHeader := req.Header.Get("Range")
 	cw := &countingWriter{ResponseWriter: w, r: r, status: http.StatusOK}
 	defer func() {
 		r.mu.Lock()
-		r.log = append(r.log, Request{Method: req.Method, Path: req.URL.Path, NS: req.URL.Query().Get("ns"), Status: cw.status, Bytes: cw.n})
+		r.log = append(r.log, Request{Method: req.Method, Path: req.URL.Path, NS: req.URL.Query().Get("ns"), Status: cw.status, Bytes: cw.n, Range: rangeHeader})
 		r.mu.Unlock()
 	}()
 
@@ -350,6 +381,12 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			}
 		}
 		if req.Method == http.MethodGet && rt.kind == Blobs {
+			for _, th := range r.throttles {
+				if th.match.matches(rt, req.Method) {
+					limit = th.limit
+					break
+				}
+			}
 			for _, s := range r.stalls {
 				if s.match.matches(rt, req.Method) {
 					s.seen[key]++
@@ -394,6 +431,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		cw.limit = limit
 		cw.ctx = req.Context()
 		if stallFor != nil {
+			cw.stallAt = stallFor.after
 			cw.stall = func() {
 				if f, ok := w.(http.Flusher); ok {
 					f.Flush()
@@ -503,6 +541,8 @@ type countingWriter struct {
 	limit  *limiter
 	ctx    context.Context
 	stall  func()
+	// stallAt is the body offset at which stall runs.
+	stallAt int64
 }
 
 func (c *countingWriter) WriteHeader(status int) {
@@ -511,19 +551,22 @@ func (c *countingWriter) WriteHeader(status int) {
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
-	if c.stall != nil {
-		s := c.stall
-		c.stall = nil
-		s()
-		if c.ctx.Err() != nil {
-			return 0, c.ctx.Err()
-		}
-	}
 	written := 0
 	for len(p) > 0 {
+		if c.stall != nil && c.n >= c.stallAt {
+			s := c.stall
+			c.stall = nil
+			s()
+			if c.ctx.Err() != nil {
+				return written, c.ctx.Err()
+			}
+		}
 		chunk := p
 		if c.limit != nil && len(chunk) > 16<<10 {
 			chunk = chunk[:16<<10]
+		}
+		if c.stall != nil && c.n+int64(len(chunk)) > c.stallAt {
+			chunk = chunk[:c.stallAt-c.n]
 		}
 		if c.limit != nil {
 			if err := c.limit.wait(c.ctx, len(chunk)); err != nil {
