@@ -130,7 +130,8 @@ func sampleReport() Report {
 			{Config: Config{Name: "nocap"}, Second: true, Completions: s(0.1, 0.1, 0.2)},
 			// 4.5 s for 90 MiB at 30 MiB/s: 1.5 × the ideal, and 5 blobs
 			// at once with K=1 and 4 per node.
-			{Config: Config{Name: "k1", MaxConcurrentNodes: 1}, Completions: s(1.5, 3.0, 4.5), PeakConns: 4, PeakBlobTransfers: 5, Requests: 21, Bytes: 90 * MiB, PeakSlotHolders: 1},
+			// 99 MiB served for 90 needed: attempts cut and restarted.
+			{Config: Config{Name: "k1", MaxConcurrentNodes: 1}, Completions: s(1.5, 3.0, 4.5), PeakConns: 4, PeakBlobTransfers: 5, Requests: 21, Bytes: 99 * MiB, PeakSlotHolders: 1},
 			{Config: Config{Name: "k1", MaxConcurrentNodes: 1}, Second: true, Completions: s(0.1, 0.1), Failed: 1, Requests: 2},
 		},
 		PlotFile: "benchmarks-completion.png",
@@ -139,8 +140,11 @@ func sampleReport() Report {
 
 func TestChecks(t *testing.T) {
 	want := []Check{
+		{"no cap", "served ≤ 1.02 × needed", "1.00 ×", true},
+		{"no cap", "last node ≤ 1.2 × ideal", "1.07 ×", true},
 		{"no cap, 2nd run", "0 registry requests", "0 requests", true},
 		{"K=1", "peak blob transfers ≤ K × 4 = 4", "5", false},
+		{"K=1", "served ≤ 1.02 × needed", "1.10 ×", false},
 		{"K=1", "last node ≤ 1.3 × ideal", "1.50 ×", false},
 		{"K=1, 2nd run", "0 registry requests", "2 requests", false},
 		{"K=1, 2nd run", "every node labeled succeeded", "1 not", false},
@@ -180,7 +184,9 @@ func TestMarkdownTable(t *testing.T) {
 		"| configuration | run | all labeled | ideal | ratio | first labeled | peak conns | peak blobs | bound | slots | requests | served | CPU |",
 		"| no cap | 1st (empty nodes) | 3.2 s | 3.0 s | 1.07 | 3.0 s | 30 | 12 | 12 | 0 | 21 | 90.0 MiB (1.00×) | 50% |",
 		"| no cap | 2nd (all present) | 0.2 s | – | – | 0.1 s | 0 | 0 | 12 | 0 | 0 | 0 B | 0% |",
-		"| K=1 | 1st (empty nodes) | 4.5 s | 3.0 s | 1.50 | 1.5 s | 4 | 5 | 4 | 1 | 21 | 90.0 MiB (1.00×) | 0% |",
+		"| K=1 | 1st (empty nodes) | 4.5 s | 3.0 s | 1.50 | 1.5 s | 4 | 5 | 4 | 1 | 21 | 99.0 MiB (1.10×) | 0% |",
+		"| K=1 | served ≤ 1.02 × needed | 1.10 × | **no** |",
+		"| no cap | last node ≤ 1.2 × ideal | 1.07 × | yes |",
 		"| K=1 | 2nd (all present) | 0.1 s | – | – | 0.1 s | 0 | 0 | 4 | 0 | 2 | 0 B | 0% |",
 		"  | `ghcr.io/bench/app-01@sha256:0123456789ab…` | 2 | 10.0 MiB |",
 		"| K=1 | peak blob transfers ≤ K × 4 = 4 | 5 | **no** |",
