@@ -49,7 +49,7 @@ func (p *Puller) watchProgress(ctx context.Context) *progressWatch {
 		return nil
 	}
 	w := &progressWatch{src: p.cfg.Progress, interval: p.cfg.ProgressInterval, last: time.Now(), log: p.cfg.Log}
-	cur, err := w.src.Downloads(ctx)
+	cur, err := w.sample(ctx)
 	if err != nil {
 		if errors.Is(err, errors.ErrUnsupported) {
 			p.cfg.Log.Info("the runtime reports no download progress: each pull attempt ends at its timeout", "err", err)
@@ -72,7 +72,7 @@ func (w *progressWatch) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		cur, err := w.src.Downloads(ctx)
+		cur, err := w.sample(ctx)
 		if err != nil {
 			// A runtime restarting or busy: no sign of progress this
 			// time, and none of its absence either.
@@ -81,6 +81,16 @@ func (w *progressWatch) run(ctx context.Context) {
 		}
 		w.log.Debug("runtime downloads", "blobs", len(cur), "moved", w.observe(cur, time.Now()))
 	}
+}
+
+// sampleTimeout bounds one look at the runtime's downloads: a runtime that
+// hangs shows no progress, and must not hold the watch up.
+const sampleTimeout = 10 * time.Second
+
+func (w *progressWatch) sample(ctx context.Context) (map[string]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	return w.src.Downloads(ctx)
 }
 
 // observe records a sample. Bytes arrived when a blob grew, a new one
