@@ -25,7 +25,8 @@ type Progress interface {
 }
 
 // DefaultProgressInterval is how often the runtime's downloads are looked
-// at while images are being pulled.
+// at while images are being pulled, or a fifth of the initial attempt
+// timeout when that is shorter.
 const DefaultProgressInterval = 2 * time.Second
 
 // progressWatch samples the runtime's downloads and remembers when it last

@@ -206,3 +206,23 @@ func TestObserve(t *testing.T) {
 		})
 	}
 }
+
+// The runtime is looked at several times within the shortest attempt
+// timeout: every 2 s, or a fifth of the initial timeout when shorter.
+func TestProgressIntervalDefault(t *testing.T) {
+	cases := []struct {
+		initial, interval, want time.Duration
+	}{
+		{initial: 30 * time.Second, want: 2 * time.Second},
+		{initial: 3 * time.Second, want: 600 * time.Millisecond},
+		{initial: 200 * time.Millisecond, want: 100 * time.Millisecond},
+		{initial: 30 * time.Second, interval: time.Second, want: time.Second},
+	}
+	for _, c := range cases {
+		cfg := Config{InitialAttemptTimeout: c.initial, ProgressInterval: c.interval}
+		cfg.defaults()
+		if cfg.ProgressInterval != c.want {
+			t.Errorf("initial timeout %v, interval %v: got %v, want %v", c.initial, c.interval, cfg.ProgressInterval, c.want)
+		}
+	}
+}

@@ -134,7 +134,9 @@ func (c *Config) defaults() {
 		c.PermanentAttempts = 3
 	}
 	if c.ProgressInterval <= 0 {
-		c.ProgressInterval = DefaultProgressInterval
+		// Several looks within the shortest timeout, so that one look
+		// that comes too early, or fails, does not cut a pull.
+		c.ProgressInterval = max(min(DefaultProgressInterval, c.InitialAttemptTimeout/5), 100*time.Millisecond)
 	}
 	if c.Gate == nil {
 		c.Gate = NoGate{}
