@@ -266,9 +266,7 @@ func TestSlotLost(t *testing.T) {
 		{
 			name: "Lease deleted",
 			interfere: func(t *testing.T, f *fakeAPI, h *Holding) {
-				if err := f.cs.Tracker().Delete(leasesGVR, testNS, h.Name()); err != nil {
-					t.Fatal(err)
-				}
+				f.remove(t, h.Name())
 			},
 		},
 	}
