@@ -2,6 +2,7 @@ package slots
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -307,6 +308,7 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 10 * time.Millisecond
 	}
+	cfg.Poll = cfg.Poll || fakePoll
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	g, err := New(cfg)
 	if err != nil {
@@ -318,6 +320,21 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	g.firstWindow = 10 * time.Millisecond
 	g.relistBackoff = 10 * time.Millisecond
 	return g
+}
+
+// fakePoll makes gate build polling gates; the tests here run one at a
+// time, so bothWays may set it.
+var fakePoll bool
+
+// bothWays runs a test with waiters that watch and with waiters that poll.
+func bothWays(t *testing.T, test func(t *testing.T)) {
+	for _, poll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("poll=%v", poll), func(t *testing.T) {
+			fakePoll = poll
+			defer func() { fakePoll = false }()
+			test(t)
+		})
+	}
 }
 
 func hold(t *testing.T, g *Gate) *Holding {
