@@ -381,10 +381,26 @@ type leaseWatch struct {
 	mu      sync.Mutex
 	holders map[string]string
 	peak    int
+	errs    []string
 }
 
 func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
-	w, err := cs.CoordinationV1().Leases(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance})
+	// A watch from "now" needs the apiserver's watch cache to catch up
+	// with etcd, which etcd 3.4 cannot confirm (504 "Too large resource
+	// version"): watch from a list's resourceVersion, as informers do.
+	opts := metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance}
+	list, err := cs.CoordinationV1().Leases(namespace).List(ctx, opts)
+	if err != nil {
+		return err
+	}
+	for _, l := range list.Items {
+		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			lw.holders[l.Name] = *l.Spec.HolderIdentity
+		}
+	}
+	lw.peak = len(lw.holders)
+	opts.ResourceVersion = list.ResourceVersion
+	w, err := cs.CoordinationV1().Leases(namespace).Watch(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -393,6 +409,9 @@ func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
 		for ev := range w.ResultChan() {
 			l, ok := ev.Object.(*coordinationv1.Lease)
 			if !ok {
+				lw.mu.Lock()
+				lw.errs = append(lw.errs, fmt.Sprintf("%s %T %v", ev.Type, ev.Object, ev.Object))
+				lw.mu.Unlock()
 				continue
 			}
 			lw.mu.Lock()
@@ -410,6 +429,14 @@ func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
 	return nil
 }
 
+// Errors are the watch's error events.
+func (lw *leaseWatch) Errors() []string {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.errs
+}
+
+// Peak is the most Leases seen naming a holder at once.
 func (lw *leaseWatch) Peak() int {
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
@@ -534,6 +561,9 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 	run := analyze(cfg, h.opts, t0, end, events, scrapes)
 	run.Usage = usage
 	run.PeakHeldAPI = lw.Peak()
+	if errs := lw.Errors(); len(errs) > 0 {
+		return nil, fmt.Errorf("the watch on the slot Leases failed, so the peak it saw is not the run's: %s", strings.Join(errs, "; "))
+	}
 	st := h.bw.Stats()
 	run.Served, run.Needed = st.Served, int64(cfg.Nodes)*h.opts.SetBytes()
 	run.Cancelled = st.Cancelled
