@@ -35,9 +35,9 @@ type Run struct {
 	Lost int
 	// HandOvers are the slot hand-overs counted (see analyze), with their
 	// latency percentiles; HandOverMissing those never taken again.
-	HandOvers                              int
+	HandOvers                             int
 	HandOverP50, HandOverP99, HandOverMax time.Duration
-	HandOverMissing                        int
+	HandOverMissing                       int
 	// Whole is the apiserver's requests over the whole run, Window over
 	// the steady state: the middle half of the run.
 	Whole, Window Requests

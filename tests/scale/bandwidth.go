@@ -84,11 +84,11 @@ func (b *Bandwidth) Transfer(ctx context.Context, node string, size int64) error
 // Stats are the bytes served so far and the transfers completed and
 // cancelled.
 type Stats struct {
-	Served            int64
-	Completed         int
-	Cancelled         int
-	PeakTransfers     int
-	ActiveAtSnapshot  int
+	Served           int64
+	Completed        int
+	Cancelled        int
+	PeakTransfers    int
+	ActiveAtSnapshot int
 }
 
 // Stats returns the totals so far.
