@@ -35,9 +35,14 @@ func (k requestKey) String() string {
 type scrape struct {
 	at     time.Time
 	counts map[requestKey]float64
+	// cpu is the apiserver's process_cpu_seconds_total.
+	cpu float64
 }
 
-const requestMetric = "apiserver_request_total"
+const (
+	requestMetric = "apiserver_request_total"
+	cpuMetric     = "process_cpu_seconds_total"
+)
 
 // scrapeRequests reads the apiserver's own /metrics.
 func scrapeRequests(ctx context.Context, rc rest.Interface) (scrape, error) {
@@ -48,35 +53,40 @@ func scrapeRequests(ctx context.Context, rc rest.Interface) (scrape, error) {
 	if err != nil {
 		return scrape{}, fmt.Errorf("scrape apiserver /metrics: %w", err)
 	}
-	counts, err := parseRequests(body)
-	return scrape{at: at, counts: counts}, err
+	counts, cpu, err := parseRequests(body)
+	return scrape{at: at, counts: counts, cpu: cpu}, err
 }
 
 // parseRequests picks the apiserver_request_total samples out of the
 // Prometheus text format. Only that metric is parsed: the whole page is
 // megabytes of histograms, and the scrape runs during the measurement.
-func parseRequests(body []byte) (map[requestKey]float64, error) {
+func parseRequests(body []byte) (map[requestKey]float64, float64, error) {
 	out := map[requestKey]float64{}
+	cpu := 0.0
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, cpuMetric+" "); ok {
+			cpu, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+			continue
+		}
 		if !strings.HasPrefix(line, requestMetric+"{") {
 			continue
 		}
 		end := strings.LastIndexByte(line, '}')
 		if end < 0 {
-			return nil, fmt.Errorf("malformed sample %q", line)
+			return nil, 0, fmt.Errorf("malformed sample %q", line)
 		}
 		labels := parseLabels(line[len(requestMetric)+1 : end])
 		v, err := strconv.ParseFloat(strings.Fields(line[end+1:])[0], 64)
 		if err != nil {
-			return nil, fmt.Errorf("sample %q: %w", line, err)
+			return nil, 0, fmt.Errorf("sample %q: %w", line, err)
 		}
 		k := requestKey{Verb: labels["verb"], Resource: labels["resource"], Subresource: labels["subresource"], Code: labels["code"]}
 		out[k] += v
 	}
-	return out, sc.Err()
+	return out, cpu, sc.Err()
 }
 
 // parseLabels reads name="value",... (the values here hold no quotes).
@@ -109,6 +119,8 @@ type RequestRate struct {
 type Requests struct {
 	Seconds float64
 	Rates   []RequestRate
+	// CPU is the apiserver's CPU use over the window, in cores.
+	CPU float64
 }
 
 // diff is the rate of every series between two scrapes, busiest first.
@@ -118,6 +130,7 @@ func diff(a, b scrape) Requests {
 	if secs <= 0 {
 		return r
 	}
+	r.CPU = (b.cpu - a.cpu) / secs
 	for k, v := range b.counts {
 		if d := v - a.counts[k]; d > 0 {
 			r.Rates = append(r.Rates, RequestRate{Key: k, Rate: d / secs})
