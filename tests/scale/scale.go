@@ -407,6 +407,9 @@ func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
 	go func() {
 		defer w.Stop()
 		for ev := range w.ResultChan() {
+			if ctx.Err() != nil {
+				return // stopped: what ends the watch then is no error
+			}
 			l, ok := ev.Object.(*coordinationv1.Lease)
 			if !ok {
 				lw.mu.Lock()
@@ -423,6 +426,11 @@ func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
 				delete(lw.holders, l.Name)
 			}
 			lw.peak = max(lw.peak, len(lw.holders))
+			lw.mu.Unlock()
+		}
+		if ctx.Err() == nil {
+			lw.mu.Lock()
+			lw.errs = append(lw.errs, "the apiserver ended the watch during the run")
 			lw.mu.Unlock()
 		}
 	}()
