@@ -110,6 +110,21 @@ func (r Report) Markdown() string {
 		fmt.Fprintf(&b, "| %s | peak holders ≤ K = %d | %d | %s |\n", n, run.Config.Slots, peak, yes(peak <= run.Config.Slots))
 	}
 
+	if pairs := r.pollWatchPairs(); len(pairs) > 0 {
+		b.WriteString("\n## Polling and watching side by side\n\n`slots.Config.Poll` selects the old polling waiter (each waiting node reads one slot Lease every 2 s ± 50 %) instead of the watch on the slot Leases (the default). Both in the same make scale run, on the same apiserver:\n\n")
+		b.WriteString("| run | waiter | waiter req per waiting node per min | waiter req/s | API req/s (all) | apiserver CPU (cores) | hand-over p50 / p99 | last label ÷ ideal | agents CPU per agent |\n|---|---|---:|---:|---:|---:|---|---:|---:|\n")
+		for _, pr := range pairs {
+			for _, run := range pr {
+				mode := "watch"
+				if run.Config.Poll {
+					mode = "poll"
+				}
+				fmt.Fprintf(&b, "| %s | %s | %.2f | %.1f | %.1f | %.2f | %s / %s | %.2f× | %s |\n", run.Config.Name(), mode, run.PerWaiterMinute(), run.Window.Waiters(),
+					run.Window.Total(), run.Window.CPU, ms(run.HandOverP50), ms(run.HandOverP99), run.Ratio(), ms(run.CPUPerAgent()))
+			}
+		}
+	}
+
 	b.WriteString("\n## Requests by kind, steady state\n\nThe apiserver's `apiserver_request_total` over each run's window, requests per second by verb, resource and code (series under 0.05/s left out).\n\n")
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "- **%s** (%.1f s):", run.Config.Name(), run.Window.Seconds)
@@ -210,4 +225,23 @@ func (r Report) WritePlot(path string) error {
 		return fmt.Errorf("save plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// pollWatchPairs are the runs that differ only in the waiter, watch first.
+func (r Report) pollWatchPairs() [][2]Run {
+	var out [][2]Run
+	for _, p := range r.Runs {
+		if !p.Config.Poll {
+			continue
+		}
+		for _, w := range r.Runs {
+			c := p.Config
+			c.Poll = false
+			if w.Config == c {
+				out = append(out, [2]Run{w, p})
+				break
+			}
+		}
+	}
+	return out
 }
