@@ -1,6 +1,6 @@
 // Package kube is the agent's Kubernetes API client. It covers exactly the
 // calls the agent makes: get, list and patch Nodes, create Events, and get,
-// create and update Leases.
+// list, watch, create and update Leases.
 //
 // It exists to keep the binary small. client-go's typed clientset pulls in
 // k8s.io/client-go/kubernetes/scheme, whose initialisation registers every
@@ -20,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -54,6 +56,8 @@ type EventClient interface {
 // LeaseClient reads and writes Leases in one namespace.
 type LeaseClient interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
 	Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
 }
@@ -71,7 +75,7 @@ var (
 func init() {
 	scheme.AddKnownTypes(corev1.SchemeGroupVersion, &corev1.Node{}, &corev1.NodeList{}, &corev1.Event{})
 	metav1.AddToGroupVersion(scheme, corev1.SchemeGroupVersion)
-	scheme.AddKnownTypes(coordinationv1.SchemeGroupVersion, &coordinationv1.Lease{})
+	scheme.AddKnownTypes(coordinationv1.SchemeGroupVersion, &coordinationv1.Lease{}, &coordinationv1.LeaseList{})
 	metav1.AddToGroupVersion(scheme, coordinationv1.SchemeGroupVersion)
 }
 
@@ -196,6 +200,23 @@ func (l leases) Get(ctx context.Context, name string, opts metav1.GetOptions) (*
 	out := &coordinationv1.Lease{}
 	err := l.c.Get().Namespace(l.ns).Resource("leases").Name(name).VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
 	return out, err
+}
+
+func (l leases) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
+	out := &coordinationv1.LeaseList{}
+	err := l.c.Get().Namespace(l.ns).Resource("leases").VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
+	return out, err
+}
+
+// Watch is client-go's typed Watch: the server ends the watch after
+// opts.TimeoutSeconds, and the client waits that long for it.
+func (l leases) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	var timeout time.Duration
+	if opts.TimeoutSeconds != nil {
+		timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
+	}
+	opts.Watch = true
+	return l.c.Get().Namespace(l.ns).Resource("leases").VersionedParams(&opts, parameterCodec).Timeout(timeout).Watch(ctx)
 }
 
 func (l leases) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {

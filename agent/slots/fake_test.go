@@ -2,8 +2,10 @@ package slots
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -12,7 +14,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -22,8 +26,10 @@ const testNS = "prefetch"
 var leasesGVR = coordinationv1.SchemeGroupVersion.WithResource("leases")
 
 // fakeAPI is client-go's fake clientset plus what it lacks and the real
-// apiserver has: resourceVersions that change on every write, and
-// conflicts for updates that carry a stale one. A hook can fail or
+// apiserver has: resourceVersions that change on every write, conflicts
+// for updates that carry a stale one, a list that says at which version
+// it was read, and watches that start from such a version, so that no
+// write between a list and its watch is missed. A hook can fail or
 // interfere with calls.
 type fakeAPI struct {
 	cs *fake.Clientset
@@ -31,13 +37,110 @@ type fakeAPI struct {
 	mu   sync.Mutex
 	rv   int64
 	hook func(verb, name string, lease *coordinationv1.Lease) error
+
+	// writes serializes a write with its version and its event, and a
+	// list with its version.
+	writes   sync.Mutex
+	events   []watch.Event
+	watchers []*fakeWatcher
+	lists    int
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
 	t.Helper()
 	f := &fakeAPI{cs: fake.NewSimpleClientset()}
 	f.cs.PrependReactor("*", "leases", f.react)
+	f.cs.PrependWatchReactor("leases", f.watch)
+	t.Cleanup(f.stopWatchers)
 	return f
+}
+
+// fakeWatcher is one watch: events at most fakeWatchBuffer behind.
+type fakeWatcher struct {
+	ch       chan watch.Event
+	selector labels.Selector
+	once     sync.Once
+	f        *fakeAPI
+}
+
+const fakeWatchBuffer = 4096
+
+func (w *fakeWatcher) ResultChan() <-chan watch.Event { return w.ch }
+
+func (w *fakeWatcher) Stop() {
+	w.f.writes.Lock()
+	defer w.f.writes.Unlock()
+	w.f.watchers = slices.DeleteFunc(w.f.watchers, func(o *fakeWatcher) bool { return o == w })
+	w.close()
+}
+
+func (w *fakeWatcher) close() { w.once.Do(func() { close(w.ch) }) }
+
+func (w *fakeWatcher) send(ev watch.Event) {
+	l := ev.Object.(*coordinationv1.Lease)
+	if !w.selector.Matches(labels.Set(l.Labels)) {
+		return
+	}
+	select {
+	case w.ch <- watch.Event{Type: ev.Type, Object: l.DeepCopy()}:
+	default:
+		panic("fake watch: reader fell behind")
+	}
+}
+
+func (f *fakeAPI) watch(action k8stesting.Action) (bool, watch.Interface, error) {
+	f.mu.Lock()
+	hook := f.hook
+	f.mu.Unlock()
+	if hook != nil {
+		if err := hook("watch", "", nil); err != nil {
+			return true, nil, err
+		}
+	}
+	r := action.(k8stesting.WatchAction).GetWatchRestrictions()
+	from, _ := strconv.ParseInt(r.ResourceVersion, 10, 64)
+	sel := r.Labels
+	if sel == nil {
+		sel = labels.Everything()
+	}
+	w := &fakeWatcher{ch: make(chan watch.Event, fakeWatchBuffer), selector: sel, f: f}
+	f.writes.Lock()
+	defer f.writes.Unlock()
+	for _, ev := range f.events {
+		if rv, _ := strconv.ParseInt(ev.Object.(*coordinationv1.Lease).ResourceVersion, 10, 64); rv > from {
+			w.send(ev)
+		}
+	}
+	f.watchers = append(f.watchers, w)
+	return true, w, nil
+}
+
+// record logs a write for watches; the caller holds f.writes.
+func (f *fakeAPI) record(typ watch.EventType, lease *coordinationv1.Lease) {
+	ev := watch.Event{Type: typ, Object: lease.DeepCopy()}
+	f.events = append(f.events, ev)
+	for _, w := range f.watchers {
+		w.send(ev)
+	}
+}
+
+// endWatches ends every watch, as an apiserver does at its timeout.
+func (f *fakeAPI) endWatches() {
+	f.writes.Lock()
+	defer f.writes.Unlock()
+	for _, w := range f.watchers {
+		w.close()
+	}
+	f.watchers = nil
+}
+
+func (f *fakeAPI) stopWatchers() { f.endWatches() }
+
+// listCount is how many lists the gates made.
+func (f *fakeAPI) listCount() int {
+	f.writes.Lock()
+	defer f.writes.Unlock()
+	return f.lists
 }
 
 func (f *fakeAPI) setHook(h func(verb, name string, lease *coordinationv1.Lease) error) {
@@ -68,13 +171,28 @@ func (f *fakeAPI) react(action k8stesting.Action) (bool, runtime.Object, error) 
 		}
 	}
 	tr := f.cs.Tracker()
+	f.writes.Lock()
+	defer f.writes.Unlock()
 	switch action.GetVerb() {
+	case "list":
+		f.lists++
+		obj, err := tr.List(leasesGVR, coordinationv1.SchemeGroupVersion.WithKind("Lease"), testNS)
+		if err != nil {
+			return true, nil, err
+		}
+		list := obj.(*coordinationv1.LeaseList)
+		list.ResourceVersion = f.currentRV()
+		return true, list, nil
 	case "create":
 		if _, err := tr.Get(leasesGVR, testNS, name); err == nil {
 			return true, nil, apierrors.NewAlreadyExists(leasesGVR.GroupResource(), name)
 		}
 		lease.ResourceVersion = f.nextRV()
-		return true, lease, tr.Create(leasesGVR, lease, testNS)
+		if err := tr.Create(leasesGVR, lease, testNS); err != nil {
+			return true, nil, err
+		}
+		f.record(watch.Added, lease)
+		return true, lease, nil
 	case "update":
 		obj, err := tr.Get(leasesGVR, testNS, name)
 		if err != nil {
@@ -85,14 +203,38 @@ func (f *fakeAPI) react(action k8stesting.Action) (bool, runtime.Object, error) 
 				errorString("the object has been modified"))
 		}
 		lease.ResourceVersion = f.nextRV()
-		return true, lease, tr.Update(leasesGVR, lease, testNS)
+		if err := tr.Update(leasesGVR, lease, testNS); err != nil {
+			return true, nil, err
+		}
+		f.record(watch.Modified, lease)
+		return true, lease, nil
 	}
 	return false, nil, nil
+}
+
+// remove deletes a Lease behind the gate's back.
+func (f *fakeAPI) remove(t *testing.T, name string) {
+	t.Helper()
+	f.writes.Lock()
+	defer f.writes.Unlock()
+	l := f.lease(t, name)
+	if err := f.cs.Tracker().Delete(leasesGVR, testNS, name); err != nil {
+		t.Fatal(err)
+	}
+	gone := l.DeepCopy()
+	gone.ResourceVersion = f.nextRV()
+	f.record(watch.Deleted, gone)
 }
 
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+func (f *fakeAPI) currentRV() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return strconv.FormatInt(f.rv, 10)
+}
 
 func (f *fakeAPI) nextRV() string {
 	f.mu.Lock()
@@ -138,12 +280,15 @@ func (f *fakeAPI) write(t *testing.T, name string, change func(*coordinationv1.L
 // call through the clientset would deadlock.
 func (f *fakeAPI) sneak(t *testing.T, name string, change func(*coordinationv1.Lease)) {
 	t.Helper()
+	f.writes.Lock()
+	defer f.writes.Unlock()
 	next := f.lease(t, name).DeepCopy()
 	change(next)
 	next.ResourceVersion = f.nextRV()
 	if err := f.cs.Tracker().Update(leasesGVR, next, testNS); err != nil {
 		t.Errorf("update %s: %v", name, err)
 	}
+	f.record(watch.Modified, next)
 }
 
 // gate builds a Gate on the fake. Durations below a second are allowed
@@ -163,6 +308,7 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 10 * time.Millisecond
 	}
+	cfg.Poll = cfg.Poll || fakePoll
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	g, err := New(cfg)
 	if err != nil {
@@ -171,7 +317,24 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if leaseDuration > 0 {
 		g.cfg.LeaseDuration = leaseDuration
 	}
+	g.firstWindow = 10 * time.Millisecond
+	g.relistBackoff = 10 * time.Millisecond
 	return g
+}
+
+// fakePoll makes gate build polling gates; the tests here run one at a
+// time, so bothWays may set it.
+var fakePoll bool
+
+// bothWays runs a test with waiters that watch and with waiters that poll.
+func bothWays(t *testing.T, test func(t *testing.T)) {
+	for _, poll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("poll=%v", poll), func(t *testing.T) {
+			fakePoll = poll
+			defer func() { fakePoll = false }()
+			test(t)
+		})
+	}
 }
 
 func hold(t *testing.T, g *Gate) *Holding {

@@ -1,11 +1,11 @@
 // Package slots caps how many nodes of a cluster pull images at the same
 // time. It hands out K slots, each a coordination.k8s.io/v1 Lease named
 // <instance>-slot-<i> in the agent's namespace, and nothing else: the
-// agent may create Leases and get, update and delete those K names, but it
-// cannot list or watch, so waiting is done by polling the names it knows.
+// agent may create Leases and get, update and delete those K names; it
+// may list and watch Leases of its namespace to wait (watch.go).
 //
 // Taking a slot is an optimistic write: a create for a slot that does not
-// exist yet, or an update that carries the resourceVersion we just read.
+// exist yet, or an update that carries the resourceVersion we last saw.
 // When two nodes race, the apiserver accepts one write and answers the
 // other with a conflict, so a slot never has two holders. The holder renews
 // while it pulls and clears the holder field when it is done. A holder that
@@ -13,6 +13,11 @@
 // Lease unchanged for its leaseDurationSeconds, measured on their own clock
 // (as client-go's leader election does), so clock skew between nodes
 // cannot make a live holder look expired.
+//
+// A waiting node follows the slots with one watch (watch.go), so that it
+// sends no requests while nothing changes. Where the Role does not allow
+// that (an older rendering), or Config.Poll says so, it reads the slot
+// names in turn instead (polling).
 //
 // Seed mode lets the first N nodes pull alone: until a seed has finished,
 // only slots 0..N-1 may be taken. A seed that finishes records that on the
@@ -27,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	mrand "math/rand/v2"
 	"time"
 
@@ -45,8 +51,9 @@ const (
 	// renewal.
 	DefaultLeaseDuration = 15 * time.Second
 	// DefaultPollInterval is the mean pause between two looks at the slots
-	// while all of them are busy. Each look is one GET, so a cluster of W
-	// waiting nodes sends about W/DefaultPollInterval GETs per second.
+	// while all of them are busy, when waiting by polling. Each look is
+	// one GET, so a cluster of W polling nodes sends about
+	// W/DefaultPollInterval GETs per second.
 	DefaultPollInterval = 2 * time.Second
 	// DefaultCallTimeout bounds every single API call.
 	DefaultCallTimeout = 10 * time.Second
@@ -63,6 +70,9 @@ const (
 	LabelName      = "app.kubernetes.io/name"
 	LabelInstance  = "app.kubernetes.io/instance"
 	LabelComponent = "app.kubernetes.io/component"
+	// LabelComponentSlot is the LabelComponent value of slot Leases; the
+	// watch selects on it.
+	LabelComponentSlot = "pull-slot"
 )
 
 // LeaseClient reads and writes the slot Leases of Config.Namespace. Its
@@ -112,6 +122,14 @@ type Config struct {
 	// PollInterval is the mean pause between looks while every slot is
 	// busy; each pause is jittered by ±50%. Default DefaultPollInterval.
 	PollInterval time.Duration
+	// Poll makes waiters read the slot names in turn instead of watching
+	// them: the behaviour before watching, kept for comparisons. Waiters
+	// poll anyway when the Role does not allow list and watch on Leases.
+	Poll bool
+	// Resync is the shortest time between two lists of the slots while
+	// waiting by watch; each watch lasts a random time between Resync and
+	// twice that. Default DefaultResync.
+	Resync time.Duration
 	// CallTimeout bounds each API call. Default DefaultCallTimeout.
 	CallTimeout time.Duration
 	// ForbiddenFor is how long every slot may answer Forbidden before the
@@ -128,6 +146,10 @@ type Gate struct {
 	log    *slog.Logger
 	// now is the clock; tests replace it.
 	now func() time.Time
+	// firstWindow is a waiter's first window and relistBackoff its first
+	// pause after a failed list or watch (watch.go); tests shorten them.
+	firstWindow   time.Duration
+	relistBackoff time.Duration
 }
 
 // New checks cfg and fills in defaults.
@@ -153,7 +175,7 @@ func New(cfg Config) (*Gate, error) {
 		return nil, fmt.Errorf("slots: %d seed nodes, need 0 or more", cfg.SeedNodes)
 	case cfg.Identity == "":
 		return nil, errors.New("slots: no holder identity (set POD_NAME)")
-	case cfg.LeaseDuration < 0 || cfg.PollInterval < 0 || cfg.CallTimeout < 0:
+	case cfg.LeaseDuration < 0 || cfg.PollInterval < 0 || cfg.CallTimeout < 0 || cfg.Resync < 0:
 		return nil, errors.New("slots: negative duration")
 	}
 	if cfg.LeaseDuration == 0 {
@@ -168,6 +190,9 @@ func New(cfg Config) (*Gate, error) {
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
+	if cfg.Resync == 0 {
+		cfg.Resync = DefaultResync
+	}
 	if cfg.ForbiddenFor <= 0 {
 		cfg.ForbiddenFor = DefaultForbiddenFor
 	}
@@ -179,6 +204,9 @@ func New(cfg Config) (*Gate, error) {
 		leases: client,
 		log:    cfg.Logger.With("component", "slots"),
 		now:    time.Now,
+
+		firstWindow:   initialWindow,
+		relistBackoff: minRelistBackoff,
 	}, nil
 }
 
@@ -202,7 +230,27 @@ func (g *Gate) Acquire(ctx context.Context) (release func(), err error) {
 // good (for example, missing RBAC). Transient API errors are logged and
 // retried. The caller must call Release on the result.
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
-	w := &waiter{
+	start := g.now()
+	if !g.cfg.Poll {
+		h, err := g.holdWatching(ctx)
+		if !errors.Is(err, errCannotWatch) {
+			if h != nil {
+				g.logAcquired(h, start)
+			}
+			return h, err
+		}
+		g.log.Warn("cannot watch the pull slots (the Role lacks list or watch on leases: render it again); waiting by polling", "err", err)
+	}
+	return g.holdPolling(ctx, start)
+}
+
+func (g *Gate) logAcquired(h *Holding, start time.Time) {
+	g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
+		"waited", g.now().Sub(start).Round(time.Millisecond).String())
+}
+
+func (g *Gate) newWaiter() *waiter {
+	return &waiter{
 		g:      g,
 		id:     g.cfg.Identity + "-" + randomSuffix(),
 		seen:   make([]observation, g.cfg.Slots),
@@ -210,7 +258,12 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 		seeded: g.cfg.SeedNodes == 0,
 		next:   randomIntN(g.cfg.Slots),
 	}
-	start := g.now()
+}
+
+// holdPolling waits by reading the slots by name: every eligible slot
+// once, then one per PollInterval.
+func (g *Gate) holdPolling(ctx context.Context, start time.Time) (*Holding, error) {
+	w := g.newWaiter()
 	loggedWait := false
 	for sweep := true; ; sweep = false {
 		h, err := w.round(ctx, sweep)
@@ -218,8 +271,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 			return nil, err
 		}
 		if h != nil {
-			g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
-				"waited", g.now().Sub(start).Round(time.Millisecond).String())
+			g.logAcquired(h, start)
 			return h, nil
 		}
 		if !loggedWait {
@@ -339,15 +391,7 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	// A seed is whoever takes a slot before seeding is known to be over;
 	// that includes nodes taking over a crashed seed's slot.
 	seed := !w.seeded
-	next := lease.DeepCopy()
-	transitions := int32(0)
-	if lease.Spec.LeaseTransitions != nil {
-		transitions = *lease.Spec.LeaseTransitions
-	}
-	transitions++ // every holder after the creator counts as a transition
-	next.Spec = g.heldSpec(w.id, now)
-	next.Spec.LeaseTransitions = &transitions
-	updated, err := g.update(ctx, next)
+	updated, err := g.update(ctx, g.takeover(lease, w.id, now))
 	if err != nil {
 		return nil, w.failed("update", i, err)
 	}
@@ -442,11 +486,30 @@ func (g *Gate) heldSpec(id string, now time.Time) coordinationv1.LeaseSpec {
 	}
 }
 
+// takeover is lease with us as its new holder. It also puts our labels on
+// it: a slot Lease made without them (by hand, say) is invisible to the
+// waiters' watch until then.
+func (g *Gate) takeover(lease *coordinationv1.Lease, id string, now time.Time) *coordinationv1.Lease {
+	next := lease.DeepCopy()
+	transitions := int32(0)
+	if lease.Spec.LeaseTransitions != nil {
+		transitions = *lease.Spec.LeaseTransitions
+	}
+	transitions++ // every holder after the creator counts as a transition
+	next.Spec = g.heldSpec(id, now)
+	next.Spec.LeaseTransitions = &transitions
+	if next.Labels == nil {
+		next.Labels = map[string]string{}
+	}
+	maps.Copy(next.Labels, g.labels())
+	return next
+}
+
 func (g *Gate) labels() map[string]string {
 	return map[string]string{
 		LabelName:      "image-prefetcher",
 		LabelInstance:  g.cfg.Instance,
-		LabelComponent: "pull-slot",
+		LabelComponent: LabelComponentSlot,
 	}
 }
 

@@ -69,7 +69,9 @@ func TestNewDefaults(t *testing.T) {
 	}
 }
 
-func TestHoldTakesDistinctSlotsUpToK(t *testing.T) {
+func TestHoldTakesDistinctSlotsUpToK(t *testing.T) { bothWays(t, testHoldTakesDistinctSlotsUpToK) }
+
+func testHoldTakesDistinctSlotsUpToK(t *testing.T) {
 	for _, k := range []int{1, 2, 3} {
 		t.Run(SlotName("k", k), func(t *testing.T) {
 			f := newFakeAPI(t)
@@ -105,7 +107,9 @@ func TestHoldTakesDistinctSlotsUpToK(t *testing.T) {
 	}
 }
 
-func TestReleaseHandsSlotToWaiter(t *testing.T) {
+func TestReleaseHandsSlotToWaiter(t *testing.T) { bothWays(t, testReleaseHandsSlotToWaiter) }
+
+func testReleaseHandsSlotToWaiter(t *testing.T) {
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour}, 0)
 	a := hold(t, g)
@@ -141,6 +145,10 @@ func TestReleaseHandsSlotToWaiter(t *testing.T) {
 }
 
 func TestCrashedHolderSlotIsTakenOverAfterDuration(t *testing.T) {
+	bothWays(t, testCrashedHolderSlotIsTakenOverAfterDuration)
+}
+
+func testCrashedHolderSlotIsTakenOverAfterDuration(t *testing.T) {
 	const d = 300 * time.Millisecond
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 1}, d)
@@ -188,7 +196,9 @@ func TestRenewalKeepsSlot(t *testing.T) {
 	}
 }
 
-func TestLostRaceMovesOn(t *testing.T) {
+func TestLostRaceMovesOn(t *testing.T) { bothWays(t, testLostRaceMovesOn) }
+
+func testLostRaceMovesOn(t *testing.T) {
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour}, 0)
 	// Both slots exist and are free; every waiter starts at a random slot,
@@ -266,9 +276,7 @@ func TestSlotLost(t *testing.T) {
 		{
 			name: "Lease deleted",
 			interfere: func(t *testing.T, f *fakeAPI, h *Holding) {
-				if err := f.cs.Tracker().Delete(leasesGVR, testNS, h.Name()); err != nil {
-					t.Fatal(err)
-				}
+				f.remove(t, h.Name())
 			},
 		},
 	}
@@ -337,7 +345,9 @@ func TestAPIErrors(t *testing.T) {
 	}
 }
 
-func TestSeedMode(t *testing.T) {
+func TestSeedMode(t *testing.T) { bothWays(t, testSeedMode) }
+
+func testSeedMode(t *testing.T) {
 	tests := []struct {
 		name  string
 		slots int
@@ -433,7 +443,9 @@ func TestMarkSeededCreatesSlotZero(t *testing.T) {
 	}
 }
 
-func TestCrashedSeedIsReplacedBySeed(t *testing.T) {
+func TestCrashedSeedIsReplacedBySeed(t *testing.T) { bothWays(t, testCrashedSeedIsReplacedBySeed) }
+
+func testCrashedSeedIsReplacedBySeed(t *testing.T) {
 	const d = 300 * time.Millisecond
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 1}, d)

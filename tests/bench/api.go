@@ -71,7 +71,7 @@ func (b *bench) setupAPI(ctx context.Context) error {
 	}
 	if len(slotNames) > 0 {
 		rules = append(rules,
-			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "list", "watch"}},
 			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update", "delete"}, ResourceNames: slotNames},
 		)
 	}

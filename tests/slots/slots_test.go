@@ -12,7 +12,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -102,6 +104,8 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
 	t.Run("fetch on SIGTERM gives its slot back and records the seed", env.testFetchSIGTERM)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
+	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
+	t.Run("a Role without list and watch still works, by polling", env.testOldRolePolls)
 	// Last: it stops the apiserver.
 	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
 	t.Run("a holder that cannot renew stops pulling: never more than K nodes pull", env.testOutageCap)
@@ -114,9 +118,16 @@ type testEnv struct {
 }
 
 // agentToken grants exactly the agent's RBAC for an instance with k slots
-// (create Leases; get, update, delete on the slot names) to a new
-// ServiceAccount and returns a token for it.
+// (create, list and watch Leases; get, update, delete on the slot names)
+// to a new ServiceAccount and returns a token for it.
 func (e *testEnv) agentToken(t *testing.T, instance string, k int) string {
+	t.Helper()
+	return e.agentTokenWith(t, instance, k, "create", "list", "watch")
+}
+
+// agentTokenWith is agentToken with the given unnamed Lease verbs: an
+// older rendering granted only create.
+func (e *testEnv) agentTokenWith(t *testing.T, instance string, k int, verbs ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	name := "agent-" + instance
@@ -128,7 +139,7 @@ func (e *testEnv) agentToken(t *testing.T, instance string, k int) string {
 	role := &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: verbs},
 			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update", "delete"}, ResourceNames: names},
 		},
 	}
@@ -158,9 +169,23 @@ func (e *testEnv) agentToken(t *testing.T, instance string, k int) string {
 // agent's identity.
 func (e *testEnv) gate(t *testing.T, token, instance string, cfg slots.Config) *slots.Gate {
 	t.Helper()
+	return e.countedGate(t, token, instance, cfg, nil)
+}
+
+// countedGate is gate, counting every request its client sends in calls.
+func (e *testEnv) countedGate(t *testing.T, token, instance string, cfg slots.Config, calls *atomic.Int64) *slots.Gate {
+	t.Helper()
 	rc, err := e.c.RESTConfigForToken(token)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if calls != nil {
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				calls.Add(1)
+				return rt.RoundTrip(r)
+			})
+		})
 	}
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
