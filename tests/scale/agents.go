@@ -212,7 +212,7 @@ func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers 
 	if err != nil {
 		return nil, err
 	}
-	g, err := slots.New(waiterMode(slots.Config{
+	g, err := slots.New(slots.Config{
 		Client:    kc.Leases(spec.Namespace),
 		Namespace: spec.Namespace,
 		Instance:  spec.Instance,
@@ -220,8 +220,9 @@ func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers 
 		SeedNodes: spec.SeedNodes,
 		SeedKey:   spec.SeedKey,
 		Identity:  id.Pod,
+		Poll:      spec.Poll,
 		Logger:    log,
-	}, spec.Poll))
+	})
 	if err != nil {
 		return nil, err
 	}
