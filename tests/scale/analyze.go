@@ -44,8 +44,9 @@ type Run struct {
 	// WindowStart and WindowEnd bound Window, from the start.
 	WindowStart, WindowEnd time.Duration
 	// WindowWaiting is the mean number of nodes waiting for a slot in
-	// the window.
+	// the window, WindowHolds the slots taken in it.
 	WindowWaiting float64
+	WindowHolds   int
 	Usage         ProcUsage
 	// Served and Needed are the registry's bytes; Cancelled counts the
 	// transfers cut short.
@@ -63,6 +64,16 @@ func (r Run) PerWaiterMinute() float64 {
 		return math.NaN()
 	}
 	return r.Window.Waiters() * 60 / r.WindowWaiting
+}
+
+// PerHold is the waiters' requests in the window per slot taken in it:
+// what each hand-over costs (the taker's watch ending, lost races), as
+// opposed to what waiting costs while nothing changes.
+func (r Run) PerHold() float64 {
+	if r.WindowHolds == 0 {
+		return math.NaN()
+	}
+	return r.Window.Waiters() * r.Window.Seconds / float64(r.WindowHolds)
 }
 
 // CPUPerAgent is CPU time per agent over the run.
@@ -182,6 +193,11 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 		}
 		if d := (run.WindowEnd - run.WindowStart).Seconds(); d > 0 {
 			run.WindowWaiting = area / d
+		}
+		for _, ev := range events {
+			if at := rel(ev.T); ev.Kind == evHold && at >= run.WindowStart && at < run.WindowEnd {
+				run.WindowHolds++
+			}
 		}
 	}
 	return run

@@ -56,7 +56,7 @@ func (r Report) Markdown() string {
 	fmt.Fprintf(&b, "- **Simulated bandwidth:** C = %s, b = %s (C/b = %.0f: %.0f nodes saturate the registry), %d images of %s, %s per node.\n",
 		rate(float64(o.Capacity)), rate(float64(o.NodeCap)), float64(o.Capacity)/float64(o.NodeCap), math.Ceil(float64(o.Capacity)/float64(o.NodeCap)), len(o.Images), size(o.Images[0].Size), size(set))
 	b.WriteString(`- **Ideal:** N × set ÷ C, every byte through the registry at full capacity. With seeds: the seeds' own pull (set ÷ their links) first, then the other nodes' bytes at C.
-- **API requests** are read from the apiserver's own ` + "`apiserver_request_total`" + `, scraped during the run. *Steady state* is the middle half of the run (between the scrapes nearest to 25 % and 75 % of the time to the last label). *Waiter requests* are every Lease request except successful writes: reads, lists, watches and writes refused with 409 Conflict; *holder writes* are the successful Lease writes (take, renew, clear); *label patches* are Node PATCHes. *Per waiting node per minute* divides the waiter requests by the mean number of nodes waiting for a slot in that window (from the agents' reports). *Apiserver CPU* is its own ` + "`process_cpu_seconds_total`" + ` over the same window, in cores (the machine has 2, shared with the agents). A watch is counted by the apiserver when it ends, so a watch that stays open through the window costs nothing in it; its start-up LIST is counted.
+- **API requests** are read from the apiserver's own ` + "`apiserver_request_total`" + `, scraped during the run. *Steady state* is the middle half of the run (between the scrapes nearest to 25 % and 75 % of the time to the last label). *Waiter requests* are every Lease request except successful writes: reads, lists, watches and writes refused with 409 Conflict; *holder writes* are the successful Lease writes (take, renew, clear); *label patches* are Node PATCHes. *Per waiting node per minute* divides the waiter requests by the mean number of nodes waiting for a slot in that window (from the agents' reports). *Waiter requests per slot taken* divides the same requests by the slots taken in the window: what a hand-over costs (the taker's watch ends and is counted then; the nodes that lost the race to it got 409s), as opposed to what waiting costs while nothing changes. *Apiserver CPU* is its own ` + "`process_cpu_seconds_total`" + ` over the same window, in cores (the machine has 2, shared with the agents). A watch is counted by the apiserver when it ends, so a watch that stays open through the window costs nothing in it; its start-up LIST is counted.
 - **Hand-over latency:** for each slot, from the moment its holder starts releasing to the moment the next holder's ` + "`Hold`" + ` returns that slot. Only hand-overs while the waiting nodes outnumbered the free slots count (at the end of a run a slot may rightly stay free). The agents report their timestamps to the harness; all processes share the machine's clock.
 - **Peak slots held** is counted twice: from the agents' reports (from ` + "`Hold`" + ` returning to ` + "`Release`" + ` starting, which lies inside the time the Lease names them) and from a watch on the slot Leases (Leases naming a holder at once).
 - **CPU and memory** are the agents processes' getrusage: user + system time, and peak RSS, summed over the processes and divided by the number of agents (so each agent carries a share of its process's Go runtime).
@@ -67,8 +67,8 @@ func (r Report) Markdown() string {
 	if r.PlotFile != "" {
 		fmt.Fprintf(&b, "![Nodes labeled over time](%s)\n\n", r.PlotFile)
 	}
-	b.WriteString("| run | nodes | K | seed | waiter | last label | ideal | ratio | API req/s (all) | apiserver CPU (cores) | waiter req/s | waiter req per waiting node per min | waiting nodes (mean) | holder writes/s | label patches/s | hand-over p50 / p99 / max (n) | peak held: agents / API | agents CPU per agent | RSS per agent | served / needed |\n")
-	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
+	b.WriteString("| run | nodes | K | seed | waiter | last label | ideal | ratio | API req/s (all) | apiserver CPU (cores) | waiter req/s | waiter req per waiting node per min | waiting nodes (mean) | waiter req per slot taken | holder writes/s | label patches/s | hand-over p50 / p99 / max (n) | peak held: agents / API | agents CPU per agent | RSS per agent | served / needed |\n")
+	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
 	for _, run := range r.Runs {
 		c := run.Config
 		mode := "watch"
@@ -79,9 +79,9 @@ func (r Report) Markdown() string {
 		if c.SeedNodes > 0 {
 			seed = fmt.Sprint(c.SeedNodes)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %.1f s | %.1f s | %.2f× | %.1f | %.2f | %.1f | %.2f | %.0f | %.1f | %.1f | %s / %s / %s (%d) | %d / %d | %s | %s | %.3f× |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %.1f s | %.1f s | %.2f× | %.1f | %.2f | %.1f | %.2f | %.0f | %.2f | %.1f | %.1f | %s / %s / %s (%d) | %d / %d | %s | %s | %.3f× |\n",
 			c.Name(), c.Nodes, c.Slots, seed, mode, run.Last.Seconds(), run.Ideal.Seconds(), run.Ratio(),
-			run.Window.Total(), run.Window.CPU, run.Window.Waiters(), run.PerWaiterMinute(), run.WindowWaiting, run.Window.Holders(), run.Window.Labels(),
+			run.Window.Total(), run.Window.CPU, run.Window.Waiters(), run.PerWaiterMinute(), run.WindowWaiting, run.PerHold(), run.Window.Holders(), run.Window.Labels(),
 			ms(run.HandOverP50), ms(run.HandOverP99), ms(run.HandOverMax), run.HandOvers,
 			run.PeakHeldAgents, run.PeakHeldAPI, ms(run.CPUPerAgent()), size(run.RSSPerAgent()), float64(run.Served)/float64(run.Needed))
 	}
