@@ -85,7 +85,7 @@ func (r Report) Markdown() string {
 			ms(run.HandOverP50), ms(run.HandOverP99), ms(run.HandOverMax), run.HandOvers,
 			run.PeakHeldAgents, run.PeakHeldAPI, ms(run.CPUPerAgent()), size(run.RSSPerAgent()), float64(run.Served)/float64(run.Needed))
 	}
-	b.WriteString("\nRates are over the steady-state window. Every run's labels were read back from the API:\n\n")
+	b.WriteString("\nRates are over the steady-state window. How to read the waiters' cost: a watching waiter costs a few requests per slot taken (its own watch ends when it takes a slot, and racers that lose get 409 Conflict) and nearly nothing while nothing changes; spread over the waiting nodes, that is (slots taken per second × requests per slot taken) ÷ waiting nodes. Here the registry gives a node its set in K × set ÷ C (1 s at K=10), so slots are taken C ÷ set = 10 times per second whatever K; in a cluster where a node pulls for minutes, slots change hands a hundred times more slowly, and so does that cost. A polling waiter's cost does not depend on it: 30 GETs per minute each. Every run's labels were read back from the API:\n\n")
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "- %s: %d succeeded, %d failed, %d agents without a label; %d slots lost while held; %d hand-overs never completed; %d pulls cancelled; steady-state window %.1f–%.1f s.\n",
 			run.Config.Name(), run.Succeeded, run.Failed, run.AgentFailures, run.Lost, run.HandOverMissing, run.Cancelled, run.WindowStart.Seconds(), run.WindowEnd.Seconds())
@@ -178,9 +178,10 @@ func (r Report) Plot() (*plot.Plot, error) {
 	p.X.Label.Text = "time since the agents started ÷ the run's ideal"
 	p.Y.Label.Text = "share of nodes labeled"
 	p.Y.Min, p.Y.Max, p.X.Min = 0, 1.02, 0
-	p.Legend.Top, p.Legend.Left = true, true
-	p.Legend.XOffs = vg.Points(8)
-	p.Legend.YOffs = -vg.Points(8)
+	// Bottom right: curves that reach the ideal fill the top left.
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.XOffs = -vg.Points(8)
+	p.Legend.YOffs = vg.Points(8)
 	p.Add(plotter.NewGrid())
 	maxX := 1.0
 	for i, run := range r.Runs {
