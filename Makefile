@@ -155,6 +155,18 @@ bench: build host-deps kube
 	@echo ">> benchmark"
 	go run ./tests/bench/cmd/bench -agent $(BIN)/image-prefetcher -out docs/benchmarks.md -plot docs/benchmarks-completion.png $(BENCH_FLAGS)
 
+## ---- scale simulation (tests/scale, docs/scale.md) ---------------------------
+# Herd control at 100, 300 and 1,000 simulated nodes: a real kube-apiserver,
+# Node objects with a pod-bound identity each, the agent's own herd-control,
+# pull and labeling code on a fake runtime with a shared bandwidth model.
+# Needs root; takes about 20 minutes. Writes docs/scale.md and its plot.
+# Its smallest run is TestScaleSmoke, part of `make test`.
+.PHONY: scale
+SCALE_FLAGS ?=
+scale: host-deps kube
+	@echo ">> scale simulation"
+	go run ./tests/scale/cmd/scale $(SCALE_FLAGS)
+
 ## ---- demo (tests/cluster/cmd/demo, docs/demo.md) ------------------------------
 # A local 2-node cluster, left running, with examples/quickstart deployed
 # unchanged. Its runs live in $(DEMO_DIR), apart from the tests' runs, so

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -141,6 +142,46 @@ func TestCalls(t *testing.T) {
 			},
 			want:     request{Method: "POST", Path: "/apis/coordination.k8s.io/v1/namespaces/ns/leases", ContentType: "application/json"},
 			wantName: "demo-slot-0@1",
+		},
+		{
+			name:  "list leases by label",
+			reply: `{"apiVersion":"coordination.k8s.io/v1","kind":"LeaseList","metadata":{"resourceVersion":"42"},"items":[{"metadata":{"name":"demo-slot-0"}},{"metadata":{"name":"demo-slot-1"}}]}`,
+			call: func(ctx context.Context, c *Client) (string, error) {
+				l, err := c.Leases("ns").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=demo"})
+				var names []string
+				for _, x := range l.Items {
+					names = append(names, x.Name)
+				}
+				return strings.Join(names, ",") + "@" + l.ResourceVersion, err
+			},
+			want:     request{Method: "GET", Path: "/apis/coordination.k8s.io/v1/namespaces/ns/leases", Query: "labelSelector=app.kubernetes.io%2Finstance%3Ddemo"},
+			wantName: "demo-slot-0,demo-slot-1@42",
+		},
+		{
+			name: "watch leases",
+			reply: `{"type":"ADDED","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"demo-slot-0","resourceVersion":"43"}}}
+{"type":"MODIFIED","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"demo-slot-1","resourceVersion":"44"},"spec":{"holderIdentity":"pod-1"}}}
+{"type":"BOOKMARK","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"resourceVersion":"50"}}}
+`,
+			call: func(ctx context.Context, c *Client) (string, error) {
+				secs := int64(300)
+				w, err := c.Leases("ns").Watch(ctx, metav1.ListOptions{LabelSelector: "a=b", ResourceVersion: "42", AllowWatchBookmarks: true, TimeoutSeconds: &secs})
+				if err != nil {
+					return "", err
+				}
+				defer w.Stop()
+				var seen []string
+				for ev := range w.ResultChan() {
+					l, ok := ev.Object.(*coordinationv1.Lease)
+					if !ok {
+						return "", fmt.Errorf("event %s carries %T", ev.Type, ev.Object)
+					}
+					seen = append(seen, fmt.Sprintf("%s:%s@%s", ev.Type, l.Name, l.ResourceVersion))
+				}
+				return strings.Join(seen, ","), nil
+			},
+			want:     request{Method: "GET", Path: "/apis/coordination.k8s.io/v1/namespaces/ns/leases", Query: "allowWatchBookmarks=true&labelSelector=a%3Db&resourceVersion=42&timeout=5m0s&timeoutSeconds=300&watch=true"},
+			wantName: "ADDED:demo-slot-0@43,MODIFIED:demo-slot-1@44,BOOKMARK:@50",
 		},
 		{
 			name:  "update lease",

@@ -65,6 +65,11 @@ const (
 	// finished pulling. Its value is the Config.SeedKey of that seed.
 	SeededAnnotation = v1alpha1.LabelDomain + "/seeded"
 
+	// TakeDelayAnnotation on a slot Lease is how long its holder waited,
+	// after it saw the slot free, before it took it (a Go duration).
+	// Waiters steer their delays by it (watch.go).
+	TakeDelayAnnotation = v1alpha1.LabelDomain + "/take-delay"
+
 	// Labels put on the Leases this package creates, so that an
 	// administrator can find and delete them.
 	LabelName      = "app.kubernetes.io/name"
@@ -364,6 +369,7 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	lease, err := g.get(ctx, name)
 	now := g.now()
 	if apierrors.IsNotFound(err) {
+		w.recheckSeeded(ctx, i)
 		seed := !w.seeded
 		created, err := g.create(ctx, g.newLease(name, w.id, now))
 		if err != nil {
@@ -390,12 +396,27 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	}
 	// A seed is whoever takes a slot before seeding is known to be over;
 	// that includes nodes taking over a crashed seed's slot.
+	w.recheckSeeded(ctx, i)
 	seed := !w.seeded
 	updated, err := g.update(ctx, g.takeover(lease, w.id, now))
 	if err != nil {
 		return nil, w.failed("update", i, err)
 	}
 	return g.newHolding(updated, i, w.id, seed, now), nil
+}
+
+// recheckSeeded reads slot 0 again before slot i is taken while seeding
+// is on: a finished seed marks slot 0 before it frees its own slot, and
+// that slot may be the one read after slot 0 was. Without the second read
+// the node would take it as a seed, and mark slot 0 again when done.
+func (w *waiter) recheckSeeded(ctx context.Context, i int) {
+	if w.seeded || i == 0 {
+		return
+	}
+	if l, err := w.g.get(ctx, SlotName(w.g.cfg.Instance, 0)); err == nil && seededBy(l, w.g.seedValue()) {
+		w.seeded = true
+		w.g.log.Info("a seed node has finished; all pull slots are open", "slots", w.g.cfg.Slots)
+	}
 }
 
 // failed is Gate.failed for slot i, except that Forbidden ends the wait

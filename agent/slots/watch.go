@@ -26,10 +26,18 @@ import (
 //     per waiting node. So each waiter waits a random delay within its
 //     own window before it writes, and reads the watch meanwhile: the
 //     first writer's update reaches the others before their delays end.
-//     A waiter that loses a race doubles its window, and one that sees
-//     hand-overs take longer than quietGap halves it. The windows thereby
-//     settle near (waiting nodes) × (watch latency), which keeps about one
-//     loser per hand-over, with no waiter knowing how many others there are.
+//     With W waiters the first write comes about window/W after the
+//     release, and a write is lost when another comes within the write's
+//     own latency L of it: about W×L/window losers per hand-over. The
+//     winner writes its delay into the slot (TakeDelayAnnotation), every
+//     waiter sees it, and each steers its window until the winners' median
+//     delay is targetDelay (a mean of about 1.4 × targetDelay): the windows
+//     settle near W × targetDelay, with about L/targetDelay losers per
+//     hand-over, and no waiter needs to know W.
+//     The delay, not the time from release to take, is what is steered:
+//     that time includes L, which grows with contention, and steering on
+//     it would narrow the windows exactly when they are too narrow. A
+//     waiter that loses a race also doubles its own window at once.
 //   - The watch is ended and the list read again every Resync to 2×Resync
 //     (the slow resync), so that a watch that silently stopped delivering
 //     cannot keep a node waiting for good.
@@ -39,13 +47,22 @@ const (
 	DefaultResync = 5 * time.Minute
 
 	// initialWindow spreads the first writes of nodes that start together,
-	// as all nodes of a new DaemonSet do.
-	initialWindow = time.Second
-	minWindow     = 20 * time.Millisecond
-	maxWindow     = 2 * time.Minute
-	// quietGap: when a freed slot is taken later than this after it was
-	// seen free, the waiters' windows are wider than their number needs.
-	quietGap = 300 * time.Millisecond
+	// as all nodes of a new DaemonSet do. A lone node does not wait it
+	// out: see stallAfter.
+	initialWindow = 5 * time.Second
+	// stallAfter: a slot seen free this long without a take means the
+	// windows are too wide for the waiters left (the last nodes of a
+	// rollout, or one node alone). The window then shrinks as after a
+	// late take, every targetDelay, and the delay is drawn again, until
+	// someone takes the slot. Hand-overs in step take longer than this
+	// only a few times in a hundred.
+	stallAfter = 5 * targetDelay
+	minWindow  = 20 * time.Millisecond
+	maxWindow  = 2 * time.Minute
+	// targetDelay is the winners' median delay the waiters steer towards:
+	// short against the pulls it separates, and a few times the latency
+	// of a write, which keeps losers rare.
+	targetDelay = 70 * time.Millisecond
 
 	minRelistBackoff = time.Second
 	maxRelistBackoff = 30 * time.Second
@@ -68,7 +85,8 @@ type watchWaiter struct {
 	// lostAt marks the slots we lost a race for, at the version we lost
 	// on; we try them again only once the watch shows a newer one.
 	lostAt map[string]string
-	// freeSince is when each slot was seen freed, to time hand-overs.
+	// freeSince is when each slot was seen free, to tell the delay of a
+	// take.
 	freeSince map[string]time.Time
 	// outside are slots whose Lease exists without our labels (made by
 	// hand, say): the list cannot see them, so they are read by name.
@@ -155,6 +173,14 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 			w.since[l.Name] = now
 		}
 		w.leases[l.Name] = l
+		if _, seen := w.freeSince[l.Name]; holder(l) == "" && !seen {
+			w.freeSince[l.Name] = now
+		}
+	}
+	for _, name := range w.names {
+		if _, seen := w.freeSince[name]; w.leases[name] == nil && !seen {
+			w.freeSince[name] = now // not made yet: as good as free
+		}
 	}
 	w.rv = list.ResourceVersion
 	secs := int64((g.cfg.Resync + mrand.N(g.cfg.Resync+1)) / time.Second)
@@ -168,7 +194,8 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 // when the watch ends and the slots should be listed again.
 func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Holding, error) {
 	g := w.g
-	var fire, expire, recheck *time.Timer
+	var fire, expire, recheck, stall *time.Timer
+	var fireAt time.Time
 	stopTimer := func(t **time.Timer) {
 		if *t != nil {
 			(*t).Stop()
@@ -178,6 +205,7 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 	defer stopTimer(&fire)
 	defer stopTimer(&expire)
 	defer stopTimer(&recheck)
+	defer stopTimer(&stall)
 	timerC := func(t *time.Timer) <-chan time.Time {
 		if t == nil {
 			return nil
@@ -192,8 +220,12 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 		}
 		free, nextExpiry := w.free(now)
 		switch {
-		case len(free) > 0 && fire == nil:
-			fire = time.NewTimer(mrand.N(w.window + 1))
+		case len(free) > 0 && (fire == nil || now.Add(w.window).Before(fireAt)):
+			// A window that shrank meanwhile draws again: waiting out a
+			// delay drawn from a wider one would idle the slot.
+			stopTimer(&fire)
+			d := mrand.N(w.window + 1)
+			fire, fireAt = time.NewTimer(d), now.Add(d)
 		case len(free) == 0:
 			stopTimer(&fire)
 			if !loggedWait {
@@ -204,6 +236,9 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 		stopTimer(&expire)
 		if !nextExpiry.IsZero() {
 			expire = time.NewTimer(nextExpiry.Sub(now))
+		}
+		if stall == nil && len(free) > 0 {
+			stall = time.NewTimer(w.stallCheck(free, now))
 		}
 		if len(w.outside) > 0 && recheck == nil {
 			recheck = time.NewTimer(jitter(g.cfg.PollInterval))
@@ -220,6 +255,11 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 			}
 		case <-timerC(expire):
 			expire = nil
+		case <-timerC(stall):
+			stall = nil
+			if free, _ := w.free(g.now()); w.stalled(free, g.now()) {
+				w.window = max(w.window*10/11, minWindow)
+			}
 		case <-timerC(fire):
 			fire = nil
 			free, _ := w.free(g.now())
@@ -267,11 +307,12 @@ func (w *watchWaiter) apply(ev watch.Event) error {
 		if ev.Type == watch.Deleted {
 			delete(w.leases, l.Name)
 			delete(w.since, l.Name)
+			w.freeSince[l.Name] = now
 			return nil
 		}
 		w.leases[l.Name] = l
 		w.since[l.Name] = now
-		w.timeHandOver(prev, l, now)
+		w.steer(prev, l, now)
 		if i, ok := w.index[l.Name]; ok {
 			delete(w.outside, i)
 		}
@@ -289,21 +330,58 @@ func (w *watchWaiter) apply(ev watch.Event) error {
 	return nil
 }
 
-// timeHandOver tunes the window from what this waiter sees of others'
-// hand-overs: a slow one means the waiters wait longer than they need.
-func (w *watchWaiter) timeHandOver(prev, cur *coordinationv1.Lease, now time.Time) {
+// steer follows the free/held state of a slot, and nudges the window by
+// a tenth towards a winners' delay of targetDelay: narrower after a take
+// that came later than that, wider after one that came sooner. Every
+// waiter sees every take, so bigger steps would swing all windows at once
+// and overshoot; counting only whether a take was late or early makes
+// the typical (median) delay targetDelay whatever the odd draw.
+func (w *watchWaiter) steer(prev, cur *coordinationv1.Lease, now time.Time) {
 	name := cur.Name
+	if holder(cur) == "" {
+		if prev == nil || holder(prev) != "" {
+			w.freeSince[name] = now
+		}
+		return
+	}
+	delete(w.freeSince, name)
+	if holder(cur) == w.id || (prev != nil && holder(prev) == holder(cur)) {
+		return // ours, or a renewal
+	}
+	delay, err := time.ParseDuration(cur.Annotations[TakeDelayAnnotation])
+	if err != nil {
+		return // an older agent, or a takeover by polling
+	}
 	switch {
-	case holder(cur) == "" && (prev == nil || holder(prev) != ""):
-		w.freeSince[name] = now
-	case holder(cur) != "" && holder(cur) != w.id:
-		if t, ok := w.freeSince[name]; ok {
-			delete(w.freeSince, name)
-			if now.Sub(t) > quietGap {
-				w.window = max(w.window/2, minWindow)
-			}
+	case delay > targetDelay:
+		w.window = max(w.window*10/11, minWindow)
+	case delay < targetDelay:
+		w.window = min(w.window*11/10, maxWindow)
+	}
+}
+
+// stalled says whether a free slot has waited longer than stallAfter.
+func (w *watchWaiter) stalled(free []int, now time.Time) bool {
+	for _, i := range free {
+		if t, ok := w.freeSince[w.names[i]]; ok && now.Sub(t) >= stallAfter {
+			return true
 		}
 	}
+	return false
+}
+
+// stallCheck is when to look again whether a free slot is stalled.
+func (w *watchWaiter) stallCheck(free []int, now time.Time) time.Duration {
+	if w.stalled(free, now) {
+		return targetDelay
+	}
+	next := stallAfter
+	for _, i := range free {
+		if t, ok := w.freeSince[w.names[i]]; ok {
+			next = min(next, t.Add(stallAfter).Sub(now))
+		}
+	}
+	return max(next, time.Millisecond)
 }
 
 // free lists the eligible slots that may be taken now, and says when the
@@ -368,22 +446,19 @@ func (w *watchWaiter) take(ctx context.Context, i int) (*Holding, error) {
 	seed := !w.seeded
 	l := w.leases[name]
 	if l == nil {
-		// Read it by name first: RBAC cannot limit create by name, but it
-		// limits get, so a slot above a lowered maxConcurrentNodes is
-		// refused here instead of being created.
-		h, err := w.try(ctx, i)
-		if h == nil && err == nil && !w.denied[i] {
-			w.lost(name, "absent")
-			// It exists, or someone else created it first; if it lacks our
-			// labels the watch will never show it, so it is read by name.
-			w.outside[i] = true
-		}
-		return h, err
+		return w.create(ctx, i)
 	}
 	if holder(l) != "" {
 		g.log.Info("taking over expired pull slot", "slot", name, "previousHolder", holder(l))
 	}
-	updated, err := g.update(ctx, g.takeover(l, w.id, now))
+	next := g.takeover(l, w.id, now)
+	if t, ok := w.freeSince[name]; ok {
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		next.Annotations[TakeDelayAnnotation] = max(now.Sub(t), 0).Round(time.Millisecond).String()
+	}
+	updated, err := g.update(ctx, next)
 	if err == nil {
 		return g.newHolding(updated, i, w.id, seed, now), nil
 	}
@@ -392,6 +467,41 @@ func (w *watchWaiter) take(ctx context.Context, i int) (*Holding, error) {
 		return nil, nil
 	}
 	return nil, w.failed("update", i, err)
+}
+
+// create makes slot i, which the watch has not shown. It reads the slot
+// by name first: RBAC cannot limit create by name, but it limits get, so
+// a slot above a lowered maxConcurrentNodes is refused here instead of
+// being created.
+func (w *watchWaiter) create(ctx context.Context, i int) (*Holding, error) {
+	g := w.g
+	name := w.names[i]
+	cur, err := g.get(ctx, name)
+	switch {
+	case err == nil:
+		if cur.Labels[LabelInstance] != g.cfg.Instance || cur.Labels[LabelComponent] != LabelComponentSlot {
+			// Made without our labels (by hand, say): the watch will
+			// never show it, so it is read by name from now on.
+			w.outside[i] = true
+			return nil, nil
+		}
+		w.lost(name, "absent") // the watch shows it soon
+		return nil, nil
+	case !apierrors.IsNotFound(err):
+		return nil, w.failed("get", i, err)
+	}
+	w.recheckSeeded(ctx, i)
+	seed := !w.seeded
+	now := g.now()
+	created, err := g.create(ctx, g.newLease(name, w.id, now))
+	switch {
+	case err == nil:
+		return g.newHolding(created, i, w.id, seed, now), nil
+	case apierrors.IsAlreadyExists(err):
+		w.lost(name, "absent")
+		return nil, nil
+	}
+	return nil, w.failed("create", i, err)
 }
 
 // lost records a lost race on a slot at a version, and widens the window:

@@ -113,16 +113,43 @@ func TestWindowAdapts(t *testing.T) {
 	taken.ResourceVersion, taken.Spec.HolderIdentity = "8", &other
 	released := free.DeepCopy()
 	released.ResourceVersion = "9"
-	t0 := time.Now()
-	w.timeHandOver(taken, released, t0)
-	w.timeHandOver(released, taken, t0.Add(quietGap+time.Millisecond))
-	if w.window != maxWindow/2 {
-		t.Errorf("window after a slow hand-over %v, want %v", w.window, maxWindow/2)
+	handOver := func(delay time.Duration) time.Duration {
+		t0 := time.Now()
+		w.steer(taken, released, t0)
+		next := taken.DeepCopy()
+		next.Annotations = map[string]string{TakeDelayAnnotation: delay.String()}
+		w.steer(released, next, t0.Add(time.Second))
+		return w.window
 	}
-	w.timeHandOver(taken, released, t0)
-	w.timeHandOver(released, taken, t0.Add(quietGap/2))
-	if w.window != maxWindow/2 {
-		t.Errorf("window after a quick hand-over %v, want unchanged %v", w.window, maxWindow/2)
+	w.window = time.Second
+	for _, step := range []struct {
+		delay time.Duration
+		want  func(prev time.Duration) time.Duration
+	}{
+		{2 * targetDelay, func(p time.Duration) time.Duration { return p * 10 / 11 }}, // winners wait longer than the target: narrower
+		{time.Hour, func(p time.Duration) time.Duration { return p * 10 / 11 }},       // by the same step, however late
+		{targetDelay / 2, func(p time.Duration) time.Duration { return p * 11 / 10 }}, // sooner: wider, fewer losers
+		{0, func(p time.Duration) time.Duration { return p * 11 / 10 }},               // by the same step, however soon
+		{targetDelay, func(p time.Duration) time.Duration { return p }},               // on target: kept
+	} {
+		prev := w.window
+		if got, want := handOver(step.delay), step.want(prev); got != want {
+			t.Errorf("after a take delayed %v: window %v, want %v", step.delay, got, want)
+		}
+	}
+	for range 100 {
+		handOver(time.Hour)
+	}
+	if w.window != minWindow {
+		t.Errorf("window %v after many late takes, want the floor %v", w.window, minWindow)
+	}
+	// A renewal, or a take that reports no delay (an older agent), steers nothing.
+	renewed := taken.DeepCopy()
+	renewed.Annotations = map[string]string{TakeDelayAnnotation: "1h"}
+	w.steer(taken, renewed, time.Now())
+	w.steer(released, taken, time.Now())
+	if w.window != minWindow {
+		t.Errorf("window %v after a renewal and an unreported take, want %v", w.window, minWindow)
 	}
 }
 
@@ -233,5 +260,35 @@ func TestManyWatchersNeverExceedK(t *testing.T) {
 	wg.Wait()
 	if peak > k {
 		t.Errorf("peak holders %d, want at most %d", peak, k)
+	}
+}
+
+// A lone waiter with a wide window does not wait it out: a slot that
+// stays free shrinks the window until the waiter takes it. The window
+// here is 10 min; without the shrinking, a take within 30 s would come
+// one time in twenty.
+func TestLoneWaiterDoesNotWaitOutItsWindow(t *testing.T) {
+	f := newFakeAPI(t)
+	g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour}, 0)
+	g.firstWindow = 10 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := g.Hold(ctx)
+	if err != nil {
+		t.Fatalf("Hold: %v", err)
+	}
+	h.Release()
+}
+
+// A take by update reports its delay for the other waiters to steer by.
+func TestTakeReportsItsDelay(t *testing.T) {
+	f := newFakeAPI(t)
+	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour}, 0)
+	a := hold(t, g)
+	a.Release()
+	b := hold(t, g)
+	d, err := time.ParseDuration(f.lease(t, b.Name()).Annotations[TakeDelayAnnotation])
+	if err != nil || d < 0 {
+		t.Errorf("%s = %q: %v", TakeDelayAnnotation, f.lease(t, b.Name()).Annotations[TakeDelayAnnotation], err)
 	}
 }

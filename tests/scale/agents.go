@@ -1,0 +1,334 @@
+package scale
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	"github.com/image-prefetcher/image-prefetcher/agent/slots"
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
+)
+
+// agentsEnv, set in a process's environment, makes MaybeRunAgents run the
+// agents it is given on stdin instead of returning: the harness re-runs
+// its own binary that way, a few processes of many agents each.
+const agentsEnv = "IMAGE_PREFETCHER_SCALE_AGENTS"
+
+// agentsSpec is what one agents process runs, sent as the first line of
+// its stdin. The second line, "go", starts every agent at once.
+type agentsSpec struct {
+	Host      string    `json:"host"`
+	CAData    []byte    `json:"caData"`
+	Namespace string    `json:"namespace"`
+	Instance  string    `json:"instance"`
+	Slots     int       `json:"slots"`
+	SeedNodes int       `json:"seedNodes"`
+	SeedKey   string    `json:"seedKey"`
+	Poll      bool      `json:"poll"`
+	Images    []Image   `json:"images"`
+	Socket    string    `json:"socket"`
+	Agents    []agentID `json:"agents"`
+	// Parallelism is the agent's --parallelism.
+	Parallelism int `json:"parallelism"`
+}
+
+// agentID is one simulated node's agent: its node, its pod, and a token
+// bound to that pod.
+type agentID struct {
+	Index int    `json:"index"`
+	Node  string `json:"node"`
+	Pod   string `json:"pod"`
+	Token string `json:"token"`
+}
+
+// Image is one image of the simulated list.
+type Image struct {
+	Ref  string `json:"ref"`
+	Size int64  `json:"size"`
+}
+
+// event is what agents report to the harness, one JSON line each, with
+// the wall clock they share (all processes run on one machine).
+type event struct {
+	T     int64  `json:"t"` // Unix nanoseconds
+	Agent int    `json:"a"`
+	Kind  string `json:"e"`
+	Slot  int    `json:"s"`
+	Value string `json:"v,omitempty"`
+}
+
+// Event kinds.
+const (
+	evReady    = "ready"    // the process is set up
+	evWait     = "wait"     // Hold called
+	evHold     = "hold"     // Hold returned a slot
+	evRelease  = "release"  // Release called
+	evReleased = "released" // Release returned
+	evLost     = "lost"     // the slot was lost while held
+	evLabeled  = "labeled"  // the node label was written; Value is it
+	evFailed   = "failed"   // the agent ended without a label; Value says why
+)
+
+// MaybeRunAgents runs the agents process and exits when the environment
+// asks for it (see agentsEnv); otherwise it returns at once. Call it first
+// in main and in TestMain.
+func MaybeRunAgents() {
+	if os.Getenv(agentsEnv) == "" {
+		return
+	}
+	if err := runAgents(context.Background(), os.Stdin, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "agents: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+type emitter struct {
+	mu  sync.Mutex
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+func (e *emitter) emit(ev event) {
+	ev.T = time.Now().UnixNano()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_ = e.enc.Encode(ev)
+	if ev.Kind == evReady {
+		_ = e.w.Flush()
+	}
+}
+
+func (e *emitter) flush() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_ = e.w.Flush()
+}
+
+// runAgents sets every agent up, reports ready, waits for "go", runs them
+// all and returns when each has labeled its node or failed.
+func runAgents(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) error {
+	in := bufio.NewReader(stdin)
+	line, err := in.ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("read spec: %w", err)
+	}
+	var spec agentsSpec
+	if err := json.Unmarshal(line, &spec); err != nil {
+		return fmt.Errorf("decode spec: %w", err)
+	}
+	w := bufio.NewWriterSize(stdout, 1<<16)
+	em := &emitter{w: w, enc: json.NewEncoder(w)}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	transfers := newTransferClient(spec.Socket)
+
+	var b imagelist.Builder
+	sizes := map[string]int64{}
+	for _, img := range spec.Images {
+		b.Add(0, img.Ref)
+		ref, err := imagelist.KubeletRef(img.Ref)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", img.Ref, err)
+		}
+		sizes[ref] = img.Size
+	}
+	entries := b.List().Entries
+
+	agents := make([]*simAgent, len(spec.Agents))
+	for i, id := range spec.Agents {
+		a, err := newSimAgent(spec, id, sizes, transfers, em, log)
+		if err != nil {
+			return fmt.Errorf("agent %s: %w", id.Node, err)
+		}
+		agents[i] = a
+	}
+	em.emit(event{Kind: evReady, Agent: -1})
+	if _, err := in.ReadString('\n'); err != nil {
+		return fmt.Errorf("wait for go: %w", err)
+	}
+	stopFlush := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				em.flush()
+			case <-stopFlush:
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Go(func() { a.run(ctx, entries) })
+	}
+	wg.Wait()
+	close(stopFlush)
+	em.flush()
+	return nil
+}
+
+// simAgent is the agent's fetch on one simulated node: its own API client
+// and rate limiter, the real herd-control gate, puller and labeler.
+type simAgent struct {
+	id      agentID
+	em      *emitter
+	puller  *pull.Puller
+	labeler *label.Labeler
+	log     *slog.Logger
+}
+
+func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers *transferClient, em *emitter, log *slog.Logger) (*simAgent, error) {
+	log = log.With("node", id.Node)
+	// Each agent its own transport, as each pod has: a Dial of its own
+	// keeps client-go from sharing one cached connection among them. QPS
+	// and Burst stay unset, so the rate limiter is client-go's default,
+	// as in the agent.
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	cfg := &rest.Config{
+		Host:            spec.Host,
+		TLSClientConfig: rest.TLSClientConfig{CAData: spec.CAData},
+		BearerToken:     id.Token,
+		UserAgent:       "image-prefetcher/scale",
+		Dial:            dialer.DialContext,
+	}
+	kc, err := kube.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	g, err := slots.New(slots.Config{
+		Client:    kc.Leases(spec.Namespace),
+		Namespace: spec.Namespace,
+		Instance:  spec.Instance,
+		Slots:     spec.Slots,
+		SeedNodes: spec.SeedNodes,
+		SeedKey:   spec.SeedKey,
+		Identity:  id.Pod,
+		Poll:      spec.Poll,
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &simAgent{id: id, em: em, log: log}
+	rt := &fakeRuntime{node: id.Node, sizes: sizes, client: transfers, present: map[string]bool{}}
+	a.puller = pull.New(rt, pull.Config{
+		Parallelism: spec.Parallelism,
+		Policy:      v1alpha1.DefaultPullPolicy,
+		Gate:        &recordingGate{g: g, emit: a.emit},
+		Creds:       noCreds{},
+		Log:         log,
+	})
+	owner := label.NewOwner(spec.Namespace, spec.Instance)
+	a.labeler = &label.Labeler{Nodes: kc.Nodes(), Node: id.Node, Key: label.Key(v1alpha1.LabelDomain, spec.Instance), Owner: &owner, Log: log}
+	return a, nil
+}
+
+func (a *simAgent) emit(kind string, slot int, value string) {
+	a.em.emit(event{Agent: a.id.Index, Kind: kind, Slot: slot, Value: value})
+}
+
+// run is fetch: pull the list, then label the node with the outcome.
+func (a *simAgent) run(ctx context.Context, entries []imagelist.Entry) {
+	start := time.Now()
+	results := a.puller.Run(ctx, entries, "")
+	s := summarize(results, time.Since(start))
+	if err := a.labeler.Apply(ctx, s); err != nil {
+		a.log.Error("labeling the node failed", "err", err)
+		a.emit(evFailed, -1, strings.ReplaceAll(err.Error(), "\n", " "))
+		return
+	}
+	a.emit(evLabeled, -1, s.Value())
+}
+
+// summarize is the agent's summary of a run (agent/cli's, which is not
+// exported): the images present, and each failure with its reason.
+func summarize(results []pull.Result, d time.Duration) label.Summary {
+	present := 0
+	var failures []label.Failure
+	for _, r := range results {
+		if r.Present {
+			present++
+			continue
+		}
+		reason := r.Reason
+		if reason == "" {
+			reason = pull.ReasonMissing
+		}
+		failures = append(failures, label.Failure{Image: r.Image, Reason: reason, Message: r.Message})
+	}
+	return label.NewSummary(len(results), present, failures, d, time.Now())
+}
+
+// noCreds: the simulated registry needs no credentials.
+type noCreds struct{}
+
+func (noCreds) Lookup(context.Context, string) []cri.Auth { return nil }
+
+// recordingGate is the agent's herd-control gate (agent/cli's slotGate)
+// reporting when it waits, holds and releases.
+type recordingGate struct {
+	g    *slots.Gate
+	emit func(kind string, slot int, value string)
+}
+
+func (r *recordingGate) Acquire(ctx context.Context) (func(), error) {
+	s, err := r.Hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.Release, nil
+}
+
+func (r *recordingGate) Hold(ctx context.Context) (pull.Slot, error) {
+	r.emit(evWait, -1, "")
+	h, err := r.g.Hold(ctx)
+	if err != nil {
+		r.emit(evFailed, -1, err.Error())
+		return nil, err
+	}
+	r.emit(evHold, h.Slot(), "")
+	s := &recordedSlot{h: h, emit: r.emit, released: make(chan struct{})}
+	go func() {
+		select {
+		case <-h.Lost():
+			r.emit(evLost, h.Slot(), "")
+		case <-s.released:
+		}
+	}()
+	return s, nil
+}
+
+type recordedSlot struct {
+	h        *slots.Holding
+	emit     func(kind string, slot int, value string)
+	once     sync.Once
+	released chan struct{}
+}
+
+func (s *recordedSlot) Release() {
+	s.once.Do(func() {
+		s.emit(evRelease, s.h.Slot(), "")
+		close(s.released)
+		s.h.Release()
+		s.emit(evReleased, s.h.Slot(), "")
+	})
+}
+
+func (s *recordedSlot) Lost() <-chan struct{} { return s.h.Lost() }

@@ -1,0 +1,247 @@
+package scale
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// ProcUsage is what the agents processes of a run used, from getrusage.
+type ProcUsage struct {
+	// CPU is user plus system time of all agents processes.
+	CPU time.Duration
+	// MaxRSS is each process's peak resident set, in bytes.
+	MaxRSS []int64
+}
+
+// Run is the outcome of one configuration.
+type Run struct {
+	Config Config
+	Ideal  time.Duration
+	// Last is when the last node was labeled, from the start.
+	Last time.Duration
+	// Completions are the label times, sorted.
+	Completions []time.Duration
+	// Succeeded and Failed count the labels read back from the API.
+	Succeeded, Failed int
+	// AgentFailures counts agents that ended without writing a label.
+	AgentFailures int
+	// PeakHeldAgents is the most slots held at once by the agents' own
+	// account (from Hold returning to Release starting, which lies inside
+	// the time the Lease names the holder); PeakHeldAPI the most Leases
+	// with a holder at once, watched from the API.
+	PeakHeldAgents, PeakHeldAPI int
+	// Lost counts slots lost while held.
+	Lost int
+	// HandOvers are the slot hand-overs counted (see analyze), with their
+	// latency percentiles; HandOverMissing those never taken again.
+	HandOvers                             int
+	HandOverP50, HandOverP99, HandOverMax time.Duration
+	HandOverMissing                       int
+	// Whole is the apiserver's requests over the whole run, Window over
+	// the steady state: the middle half of the run.
+	Whole, Window Requests
+	// WindowStart and WindowEnd bound Window, from the start.
+	WindowStart, WindowEnd time.Duration
+	// WindowWaiting is the mean number of nodes waiting for a slot in
+	// the window, WindowHolds the slots taken in it.
+	WindowWaiting float64
+	WindowHolds   int
+	Usage         ProcUsage
+	// Served and Needed are the registry's bytes; Cancelled counts the
+	// transfers cut short.
+	Served, Needed int64
+	Cancelled      int
+}
+
+// Ratio is Last over Ideal.
+func (r Run) Ratio() float64 { return r.Last.Seconds() / r.Ideal.Seconds() }
+
+// PerWaiterMinute is the waiters' requests per waiting node per minute in
+// the window.
+func (r Run) PerWaiterMinute() float64 {
+	if r.WindowWaiting <= 0 {
+		return math.NaN()
+	}
+	return r.Window.Waiters() * 60 / r.WindowWaiting
+}
+
+// PerHold is the waiters' requests in the window per slot taken in it:
+// what each hand-over costs (the taker's watch ending, lost races), as
+// opposed to what waiting costs while nothing changes.
+func (r Run) PerHold() float64 {
+	if r.WindowHolds == 0 {
+		return math.NaN()
+	}
+	return r.Window.Waiters() * r.Window.Seconds / float64(r.WindowHolds)
+}
+
+// CPUPerAgent is CPU time per agent over the run.
+func (r Run) CPUPerAgent() time.Duration {
+	return r.Usage.CPU / time.Duration(max(r.Config.Nodes, 1))
+}
+
+// RSSPerAgent is the agents processes' peak RSS, summed, per agent.
+func (r Run) RSSPerAgent() int64 {
+	var t int64
+	for _, m := range r.Usage.MaxRSS {
+		t += m
+	}
+	return t / int64(max(r.Config.Nodes, 1))
+}
+
+// analyze turns the agents' events and the scrapes into a Run. t0 is when
+// the agents were started, end when the last one returned.
+func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrapes []scrape) *Run {
+	run := &Run{Config: cfg, Ideal: opts.Ideal(cfg)}
+	slices.SortStableFunc(events, func(a, b event) int { return cmpInt64(a.T, b.T) })
+	rel := func(t int64) time.Duration { return time.Unix(0, t).Sub(t0) }
+
+	waiting := map[int]bool{}
+	holder := map[int]int{} // slot -> agent
+	pending := map[int]time.Duration{}
+	var lat []time.Duration
+	// waitSteps is the number of waiting nodes from each time on.
+	type step struct {
+		at time.Duration
+		n  int
+	}
+	steps := []step{{0, 0}}
+	setWaiting := func(at time.Duration, a int, w bool) {
+		if waiting[a] == w {
+			return
+		}
+		if w {
+			waiting[a] = true
+		} else {
+			delete(waiting, a)
+		}
+		steps = append(steps, step{at, len(waiting)})
+	}
+	endHold := func(slot, agent int) bool {
+		if h, ok := holder[slot]; ok && h == agent {
+			delete(holder, slot)
+			return true
+		}
+		return false
+	}
+	for _, ev := range events {
+		at := rel(ev.T)
+		switch ev.Kind {
+		case evWait:
+			setWaiting(at, ev.Agent, true)
+		case evHold:
+			setWaiting(at, ev.Agent, false)
+			holder[ev.Slot] = ev.Agent
+			run.PeakHeldAgents = max(run.PeakHeldAgents, len(holder))
+			if since, ok := pending[ev.Slot]; ok {
+				lat = append(lat, at-since)
+				delete(pending, ev.Slot)
+			}
+		case evLost:
+			run.Lost++
+			endHold(ev.Slot, ev.Agent)
+		case evRelease:
+			if !endHold(ev.Slot, ev.Agent) {
+				continue // lost before
+			}
+			// A hand-over is counted when the waiters outnumber the free
+			// slots: then every free slot should be taken at once. With
+			// fewer waiters (the end of the run) a slot may rightly stay
+			// free.
+			if free := cfg.Slots - len(holder); len(waiting) >= free {
+				pending[ev.Slot] = at
+			}
+		case evLabeled:
+			run.Completions = append(run.Completions, at)
+		case evFailed:
+			setWaiting(at, ev.Agent, false)
+			run.AgentFailures++
+		}
+	}
+	run.HandOverMissing = len(pending)
+	run.HandOvers = len(lat)
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		run.HandOverP50 = percentile(lat, 0.50)
+		run.HandOverP99 = percentile(lat, 0.99)
+		run.HandOverMax = lat[len(lat)-1]
+	}
+	slices.Sort(run.Completions)
+	if n := len(run.Completions); n > 0 {
+		run.Last = run.Completions[n-1]
+	} else {
+		run.Last = end.Sub(t0)
+	}
+
+	if len(scrapes) >= 2 {
+		run.Whole = diff(scrapes[0], scrapes[len(scrapes)-1])
+		a, b := window(scrapes, t0.Add(run.Last/4), t0.Add(run.Last*3/4))
+		run.Window = diff(a, b)
+		run.WindowStart, run.WindowEnd = a.at.Sub(t0), b.at.Sub(t0)
+		// The time-weighted mean of the waiting count over the window.
+		area := 0.0
+		for i, s := range steps {
+			next := run.WindowEnd
+			if i+1 < len(steps) {
+				next = min(steps[i+1].at, run.WindowEnd)
+			}
+			from := max(s.at, run.WindowStart)
+			if next > from {
+				area += float64(s.n) * (next - from).Seconds()
+			}
+		}
+		if d := (run.WindowEnd - run.WindowStart).Seconds(); d > 0 {
+			run.WindowWaiting = area / d
+		}
+		for _, ev := range events {
+			if at := rel(ev.T); ev.Kind == evHold && at >= run.WindowStart && at < run.WindowEnd {
+				run.WindowHolds++
+			}
+		}
+	}
+	return run
+}
+
+// window picks the scrapes nearest to from and to, distinct and in order.
+func window(scrapes []scrape, from, to time.Time) (scrape, scrape) {
+	nearest := func(t time.Time) int {
+		best := 0
+		for i, s := range scrapes {
+			if absDur(s.at.Sub(t)) < absDur(scrapes[best].at.Sub(t)) {
+				best = i
+			}
+		}
+		return best
+	}
+	i, j := nearest(from), nearest(to)
+	if j <= i {
+		j = min(i+1, len(scrapes)-1)
+		if j == i {
+			i = max(j-1, 0)
+		}
+	}
+	return scrapes[i], scrapes[j]
+}
+
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	k := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(k, 0), len(sorted)-1)]
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,212 @@
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Bandwidth is the simulated registry: capacity bytes per second shared
+// among the transfers in progress (processor sharing), each node's
+// transfers together capped at nodeCap (its NIC). Rates are max-min fair:
+// a transfer gets an equal share of the registry unless its node's cap
+// holds it lower, and what it cannot use goes to the others.
+type Bandwidth struct {
+	capacity, nodeCap float64
+
+	mu    sync.Mutex
+	flows []*flow
+	last  time.Time
+	timer *time.Timer
+	// served counts whole transfers at their size and cancelled ones at
+	// the bytes sent before the cancel, rounded down.
+	served    int64
+	completed int
+	cancelled int
+	peak      int
+}
+
+type flow struct {
+	node      string
+	size      float64
+	sent      float64
+	rate      float64
+	done      chan struct{}
+	completed bool
+}
+
+// NewBandwidth returns a model with the registry's capacity and each
+// node's cap, both in bytes per second.
+func NewBandwidth(capacity, nodeCap int64) *Bandwidth {
+	return &Bandwidth{capacity: float64(capacity), nodeCap: float64(nodeCap), last: time.Now()}
+}
+
+// Transfer moves size bytes to node and returns when they are all there,
+// or with ctx's error once ctx ends (the transfer stops then, and the
+// bytes sent so far count as served).
+func (b *Bandwidth) Transfer(ctx context.Context, node string, size int64) error {
+	f := &flow{node: node, size: float64(size), done: make(chan struct{})}
+	b.mu.Lock()
+	b.advance(time.Now())
+	b.flows = append(b.flows, f)
+	b.peak = max(b.peak, len(b.flows))
+	b.settle()
+	b.mu.Unlock()
+	select {
+	case <-f.done:
+		return nil
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if f.completed {
+		return nil
+	}
+	b.advance(time.Now())
+	if f.completed {
+		b.settle()
+		return nil
+	}
+	b.flows = slices.DeleteFunc(b.flows, func(g *flow) bool { return g == f })
+	b.served += int64(f.sent)
+	b.cancelled++
+	b.settle()
+	return ctx.Err()
+}
+
+// Stats are the bytes served so far and the transfers completed and
+// cancelled.
+type Stats struct {
+	Served           int64
+	Completed        int
+	Cancelled        int
+	PeakTransfers    int
+	ActiveAtSnapshot int
+}
+
+// Stats returns the totals so far.
+func (b *Bandwidth) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(time.Now())
+	return Stats{Served: b.served, Completed: b.completed, Cancelled: b.cancelled, PeakTransfers: b.peak, ActiveAtSnapshot: len(b.flows)}
+}
+
+// Reset zeroes the totals between runs; no transfer may be in progress.
+func (b *Bandwidth) Reset() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.flows) > 0 {
+		return fmt.Errorf("bandwidth: %d transfers still in progress", len(b.flows))
+	}
+	b.served, b.completed, b.cancelled, b.peak = 0, 0, 0, 0
+	return nil
+}
+
+// advance moves every transfer on at its rate up to now and completes
+// those that are done. Callers hold mu.
+func (b *Bandwidth) advance(now time.Time) {
+	dt := now.Sub(b.last).Seconds()
+	b.last = now
+	if dt < 0 {
+		dt = 0
+	}
+	kept := b.flows[:0]
+	for _, f := range b.flows {
+		f.sent = math.Min(f.size, f.sent+f.rate*dt)
+		// Less than a byte left: done (float rounding would otherwise
+		// leave a timer firing for a nanosecond's worth).
+		if f.size-f.sent < 1 {
+			f.completed = true
+			b.served += int64(f.size)
+			b.completed++
+			close(f.done)
+			continue
+		}
+		kept = append(kept, f)
+	}
+	clear(b.flows[len(kept):])
+	b.flows = kept
+}
+
+// settle gives every transfer its max-min fair rate and arms the timer for
+// the next completion. Callers hold mu.
+func (b *Bandwidth) settle() {
+	perNode := map[string]int{}
+	for _, f := range b.flows {
+		perNode[f.node]++
+	}
+	order := slices.Clone(b.flows)
+	limit := func(f *flow) float64 { return b.nodeCap / float64(perNode[f.node]) }
+	slices.SortFunc(order, func(x, y *flow) int { return cmpFloat(limit(x), limit(y)) })
+	left, n := b.capacity, len(order)
+	for i, f := range order {
+		share := left / float64(n-i)
+		f.rate = math.Min(share, limit(f))
+		left -= f.rate
+	}
+	next := math.Inf(1)
+	for _, f := range b.flows {
+		if f.rate > 0 {
+			next = math.Min(next, (f.size-f.sent)/f.rate)
+		}
+	}
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+	if !math.IsInf(next, 1) {
+		d := time.Duration(next*float64(time.Second)) + time.Microsecond
+		b.timer = time.AfterFunc(d, b.tick)
+	}
+}
+
+func (b *Bandwidth) tick() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(time.Now())
+	b.settle()
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Serve answers POST /transfer?node=N&bytes=S on l: the response comes
+// when the transfer is done; a client that goes away cancels it. The
+// agents' fake runtimes, in other processes, share the one model that way.
+func (b *Bandwidth) Serve(l net.Listener) *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /transfer", func(w http.ResponseWriter, r *http.Request) {
+		size, err := strconv.ParseInt(r.URL.Query().Get("bytes"), 10, 64)
+		node := r.URL.Query().Get("node")
+		if err != nil || size < 0 || node == "" {
+			http.Error(w, "want node and bytes", http.StatusBadRequest)
+			return
+		}
+		if err := b.Transfer(r.Context(), node, size); err != nil {
+			return // the client is gone
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Printf("bandwidth server: %v\n", err)
+		}
+	}()
+	return srv
+}

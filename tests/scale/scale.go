@@ -1,0 +1,668 @@
+// Package scale measures herd control at up to 1,000 nodes: a real
+// kube-apiserver and etcd, Node objects without kubelets, and on each
+// simulated node the agent's own herd-control, pull and labeling code
+// (agent/slots, agent/pull, agent/label) with its own pod identity and API
+// client. Many agents share a few processes; their runtimes are fakes
+// whose pulls take the time a shared registry bandwidth gives them. It
+// reports numbers and asserts nothing about time.
+package scale
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/slots"
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/render"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+)
+
+// Config is one measured run.
+type Config struct {
+	Nodes     int
+	Slots     int
+	SeedNodes int
+	// Poll selects the polling waiter instead of the watch.
+	Poll bool
+}
+
+// Name is a short name such as n1000-k10-seed1-poll.
+func (c Config) Name() string {
+	s := fmt.Sprintf("n%d-k%d", c.Nodes, c.Slots)
+	if c.SeedNodes > 0 {
+		s += fmt.Sprintf("-seed%d", c.SeedNodes)
+	}
+	if c.Poll {
+		s += "-poll"
+	} else {
+		s += "-watch"
+	}
+	return s
+}
+
+// Options say what to measure.
+type Options struct {
+	Configs []Config
+	// Images is the list every node pulls.
+	Images []Image
+	// Capacity is the registry's bandwidth, NodeCap each node's, in bytes
+	// per second.
+	Capacity, NodeCap int64
+	// Parallelism is the agent's --parallelism.
+	Parallelism int
+	// Procs is the number of agents processes.
+	Procs int
+	// ScrapeEvery is the pause between two scrapes of the apiserver's
+	// /metrics; 0 picks one from the ideal time of each run.
+	ScrapeEvery time.Duration
+	// Progress receives progress lines. Default os.Stderr.
+	Progress io.Writer
+	// KeepLogs, if set, receives the agents' and the apiserver's logs.
+	KeepLogs string
+}
+
+const (
+	namespace = "image-prefetcher-scale"
+	instance  = "scale"
+	podPrefix = "agent-"
+)
+
+// SetBytes is the size of the whole list.
+func (o Options) SetBytes() int64 {
+	var n int64
+	for _, img := range o.Images {
+		n += img.Size
+	}
+	return n
+}
+
+// Ideal is the time the last node could be labeled at the earliest: every
+// node's bytes through the registry at full capacity, after the seed
+// nodes, which pull alone, capped by their own links.
+func (o Options) Ideal(c Config) time.Duration {
+	set := float64(o.SetBytes())
+	secs := float64(c.Nodes) * set / float64(o.Capacity)
+	if c.SeedNodes > 0 && c.SeedNodes < c.Slots {
+		seeds := min(c.SeedNodes, c.Nodes)
+		solo := set / float64(min(o.Capacity, int64(seeds)*o.NodeCap))
+		secs = solo + float64(c.Nodes-seeds)*set/float64(o.Capacity)
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
+type harness struct {
+	opts     Options
+	c        *cluster.Cluster
+	cs       *kubernetes.Clientset
+	cfg      *rest.Config
+	ids      []cluster.PodIdentity
+	bw       *Bandwidth
+	socket   string
+	dir      string
+	start    time.Time
+	labeledN int // nodes that may carry a label from an earlier run
+}
+
+func (h *harness) progress(format string, args ...any) {
+	fmt.Fprintf(h.opts.Progress, ">> scale [%6.1fs] %s\n", time.Since(h.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// Measure brings up the control plane, creates the nodes and their
+// agents' identities, measures every configuration and tears down.
+func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
+	if opts.Progress == nil {
+		opts.Progress = os.Stderr
+	}
+	if len(opts.Configs) == 0 || len(opts.Images) == 0 || opts.Capacity <= 0 || opts.NodeCap <= 0 {
+		return nil, errors.New("scale: need configs, images, capacity and node cap")
+	}
+	opts.Parallelism = max(opts.Parallelism, 1)
+	opts.Procs = max(opts.Procs, 1)
+	h := &harness{opts: opts, start: time.Now()}
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: 0, Progress: opts.Progress})
+	if err != nil {
+		return nil, fmt.Errorf("start control plane: %w", err)
+	}
+	h.c = c
+	defer func() {
+		if opts.KeepLogs != "" {
+			if err := errors.Join(copyDir(filepath.Join(c.Dir, "logs"), opts.KeepLogs), copyDir(h.dir, filepath.Join(opts.KeepLogs, "agents"))); err != nil {
+				h.progress("keeping logs: %v", err)
+			}
+		}
+		serr := c.Stop(context.WithoutCancel(ctx))
+		if left := c.Leftovers(); len(left) > 0 {
+			serr = errors.Join(serr, fmt.Errorf("teardown left behind: %s", strings.Join(left, "; ")))
+		}
+		err = errors.Join(err, serr)
+	}()
+	h.dir = filepath.Join(c.Dir, "scale")
+	if err := os.MkdirAll(h.dir, 0o755); err != nil {
+		return nil, err
+	}
+	if h.cs, err = c.Clientset(); err != nil {
+		return nil, err
+	}
+	if h.cfg, err = c.RESTConfig(); err != nil {
+		return nil, err
+	}
+	if err := rest.LoadTLSFiles(h.cfg); err != nil {
+		return nil, fmt.Errorf("load the cluster CA: %w", err)
+	}
+	if err := h.setup(ctx); err != nil {
+		return nil, err
+	}
+	h.bw = NewBandwidth(opts.Capacity, opts.NodeCap)
+	h.socket = filepath.Join(h.dir, "registry.sock")
+	l, err := net.Listen("unix", h.socket)
+	if err != nil {
+		return nil, err
+	}
+	srv := h.bw.Serve(l)
+	defer srv.Close()
+
+	rep = &Report{Options: opts}
+	for _, cfg := range opts.Configs {
+		run, err := h.run(ctx, cfg)
+		if err != nil {
+			return rep, fmt.Errorf("run %s: %w", cfg.Name(), err)
+		}
+		rep.Runs = append(rep.Runs, *run)
+	}
+	return rep, nil
+}
+
+// setup creates the namespace, the Node objects, and for every node a pod
+// of the instance's ServiceAccount on it with a token bound to that pod.
+func (h *harness) setup(ctx context.Context) error {
+	maxN := 0
+	for _, c := range h.opts.Configs {
+		maxN = max(maxN, c.Nodes)
+	}
+	if _, err := h.c.CreateNamespace(ctx, namespace); err != nil {
+		return err
+	}
+	// The ServiceAccount comes with the rendered objects.
+	if err := h.apply(ctx, h.opts.Configs[0]); err != nil {
+		return err
+	}
+	names := make([]string, maxN)
+	for i := range names {
+		names[i] = cluster.NodeName(i)
+	}
+	t := time.Now()
+	if err := h.c.CreateNodes(ctx, names, map[string]string{"kubernetes.io/os": "linux"}, 16); err != nil {
+		return err
+	}
+	h.progress("created %d Nodes in %.1fs", maxN, time.Since(t).Seconds())
+	t = time.Now()
+	sa := render.NamesFor(namespace, instance).Namespaced
+	ids, err := h.c.PodIdentities(ctx, namespace, sa, podPrefix, names, 4*time.Hour, 16)
+	if err != nil {
+		return err
+	}
+	h.ids = ids
+	h.progress("created %d agent pods and their pod-bound tokens in %.1fs", maxN, time.Since(t).Seconds())
+	return nil
+}
+
+// apply renders the instance for cfg with the function's Go API (what the
+// KRM function outputs) and applies all of it: the ServiceAccount, the
+// RBAC for K slots, the admission policy that checks every label patch,
+// and the DaemonSet, which nothing runs (there is no controller manager).
+func (h *harness) apply(ctx context.Context, cfg Config) error {
+	ip := &v1alpha1.ImagePrefetcher{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind}
+	ip.Metadata.Name, ip.Metadata.Namespace = instance, namespace
+	for _, img := range h.opts.Images {
+		ip.Spec.Images = append(ip.Spec.Images, img.Ref)
+	}
+	k, seed := int32(cfg.Slots), int32(cfg.SeedNodes)
+	ip.Spec.Pull.MaxConcurrentNodes = &k
+	if seed > 0 {
+		ip.Spec.Pull.SeedNodes = &seed
+	}
+	rc, probs := render.Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
+	if probs.HasErrors() {
+		return fmt.Errorf("render %s: %+v", cfg.Name(), probs)
+	}
+	objs, err := render.Render(rc)
+	if err != nil {
+		return fmt.Errorf("render %s: %w", cfg.Name(), err)
+	}
+	var docs []string
+	for _, o := range objs {
+		s, err := o.String()
+		if err != nil {
+			return err
+		}
+		docs = append(docs, s)
+	}
+	_, err = h.c.Apply(ctx, []byte(strings.Join(docs, "---\n")), cluster.ApplyOptions{FieldManager: "image-prefetcher-fn"})
+	return err
+}
+
+// reset removes what an earlier run left: the slot Leases (and the seed
+// record on slot 0) and the label and annotation on its nodes.
+func (h *harness) reset(ctx context.Context) error {
+	sel := slots.LabelInstance + "=" + instance
+	if err := h.cs.CoordinationV1().Leases(namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
+		return fmt.Errorf("delete slot leases: %w", err)
+	}
+	key := v1alpha1.NodeKey(instance)
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"labels": map[string]any{key: nil}, "annotations": map[string]any{key: nil},
+	}})
+	var mu sync.Mutex
+	var errs []error
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range h.labeledN {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if _, err := h.cs.CoreV1().Nodes().Patch(ctx, h.ids[i].Node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("clear label on %s: %w", h.ids[i].Node, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	h.labeledN = 0
+	return errors.Join(errs...)
+}
+
+// agentsProc is one process of agents.
+type agentsProc struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	ready  chan struct{}
+	events []event
+	done   chan struct{}
+	err    error
+}
+
+func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]*agentsProc, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	seedKey := cfg.Name()
+	var procs []*agentsProc
+	per := (cfg.Nodes + h.opts.Procs - 1) / h.opts.Procs
+	for p := 0; p*per < cfg.Nodes; p++ {
+		spec := agentsSpec{
+			Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
+			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Poll: cfg.Poll,
+			Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
+		}
+		for i := p * per; i < min((p+1)*per, cfg.Nodes); i++ {
+			id := h.ids[i]
+			spec.Agents = append(spec.Agents, agentID{Index: i, Node: id.Node, Pod: id.Pod, Token: id.Token})
+		}
+		line, err := json.Marshal(spec)
+		if err != nil {
+			return procs, err
+		}
+		// In the cluster's network namespace, where the apiserver listens;
+		// the registry's unix socket is reachable from any.
+		cmd := h.c.Command(ctx, exe)
+		cmd.Env = append(cmd.Env, agentsEnv+"=1")
+		logf, err := os.Create(filepath.Join(logDir, fmt.Sprintf("agents-%d.log", p)))
+		if err != nil {
+			return procs, err
+		}
+		cmd.Stderr = logf
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return procs, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return procs, err
+		}
+		if err := cmd.Start(); err != nil {
+			return procs, fmt.Errorf("start agents process: %w", err)
+		}
+		ap := &agentsProc{cmd: cmd, stdin: stdin, ready: make(chan struct{}), done: make(chan struct{})}
+		procs = append(procs, ap)
+		go func() {
+			defer logf.Close()
+			sc := bufio.NewScanner(stdout)
+			sc.Buffer(make([]byte, 1<<16), 1<<20)
+			readied := false
+			for sc.Scan() {
+				var ev event
+				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+					continue
+				}
+				if ev.Kind == evReady && !readied {
+					readied = true
+					close(ap.ready)
+					continue
+				}
+				ap.events = append(ap.events, ev)
+			}
+			ap.err = cmd.Wait()
+			if !readied {
+				close(ap.ready)
+			}
+			close(ap.done)
+		}()
+		if _, err := stdin.Write(append(line, '\n')); err != nil {
+			return procs, fmt.Errorf("send spec: %w", err)
+		}
+	}
+	return procs, nil
+}
+
+// leaseWatch follows the instance's slot Leases from the API and keeps the
+// largest number held at once.
+type leaseWatch struct {
+	mu      sync.Mutex
+	holders map[string]string
+	peak    int
+	errs    []string
+}
+
+func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
+	// A watch from "now" needs the apiserver's watch cache to catch up
+	// with etcd, which etcd 3.4 cannot confirm (504 "Too large resource
+	// version"): watch from a list's resourceVersion, as informers do.
+	opts := metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance}
+	list, err := cs.CoordinationV1().Leases(namespace).List(ctx, opts)
+	if err != nil {
+		return err
+	}
+	for _, l := range list.Items {
+		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			lw.holders[l.Name] = *l.Spec.HolderIdentity
+		}
+	}
+	lw.peak = len(lw.holders)
+	opts.ResourceVersion = list.ResourceVersion
+	w, err := cs.CoordinationV1().Leases(namespace).Watch(ctx, opts)
+	if err != nil {
+		return err
+	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if ctx.Err() != nil {
+				return // stopped: what ends the watch then is no error
+			}
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok {
+				lw.mu.Lock()
+				lw.errs = append(lw.errs, fmt.Sprintf("%s %T %v", ev.Type, ev.Object, ev.Object))
+				lw.mu.Unlock()
+				continue
+			}
+			lw.mu.Lock()
+			if ev.Type == watch.Deleted || l.Spec.HolderIdentity == nil {
+				delete(lw.holders, l.Name)
+			} else if *l.Spec.HolderIdentity != "" {
+				lw.holders[l.Name] = *l.Spec.HolderIdentity
+			} else {
+				delete(lw.holders, l.Name)
+			}
+			lw.peak = max(lw.peak, len(lw.holders))
+			lw.mu.Unlock()
+		}
+		if ctx.Err() == nil {
+			lw.mu.Lock()
+			lw.errs = append(lw.errs, "the apiserver ended the watch during the run")
+			lw.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+// Errors are the watch's error events.
+func (lw *leaseWatch) Errors() []string {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.errs
+}
+
+// Peak is the most Leases seen naming a holder at once.
+func (lw *leaseWatch) Peak() int {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.peak
+}
+
+// run measures one configuration.
+func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
+	h.progress("%s: preparing (%d nodes, K=%d, seed %d)", cfg.Name(), cfg.Nodes, cfg.Slots, cfg.SeedNodes)
+	if err := h.reset(ctx); err != nil {
+		return nil, err
+	}
+	if err := h.apply(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if err := h.bw.Reset(); err != nil {
+		return nil, err
+	}
+	logDir := filepath.Join(h.dir, cfg.Name())
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, err
+	}
+	ideal := h.opts.Ideal(cfg)
+	rctx, cancel := context.WithTimeout(ctx, 10*ideal+3*time.Minute)
+	defer cancel()
+	procs, err := h.startProcs(rctx, cfg, logDir)
+	defer func() {
+		for _, p := range procs {
+			if p.cmd.Process != nil {
+				_ = p.cmd.Process.Kill()
+			}
+			<-p.done
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range procs {
+		select {
+		case <-p.ready:
+		case <-rctx.Done():
+			return nil, fmt.Errorf("agents not ready: %w", rctx.Err())
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("agents process exited before the start: %v (see %s)", p.err, logDir)
+		default:
+		}
+	}
+	h.labeledN = cfg.Nodes
+	lw := &leaseWatch{holders: map[string]string{}}
+	wctx, stopWatch := context.WithCancel(rctx)
+	defer stopWatch()
+	if err := lw.run(wctx, h.cs); err != nil {
+		return nil, fmt.Errorf("watch slot leases: %w", err)
+	}
+	rc := h.cs.Discovery().RESTClient()
+	first, err := scrapeRequests(rctx, rc)
+	if err != nil {
+		return nil, err
+	}
+	every := h.opts.ScrapeEvery
+	if every <= 0 {
+		every = min(max(ideal/25, time.Second), 5*time.Second)
+	}
+	var scrapes []scrape
+	scrapes = append(scrapes, first)
+	sctx, stopScrape := context.WithCancel(rctx)
+	scraped := make(chan struct{})
+	go func() {
+		defer close(scraped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				if s, err := scrapeRequests(sctx, rc); err == nil {
+					scrapes = append(scrapes, s)
+				}
+			}
+		}
+	}()
+	h.progress("%s: %d agents in %d processes ready; go (ideal %.1fs)", cfg.Name(), cfg.Nodes, len(procs), ideal.Seconds())
+	t0 := time.Now()
+	for _, p := range procs {
+		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+			stopScrape()
+			return nil, fmt.Errorf("start agents: %w", err)
+		}
+	}
+	var procErr error
+	for _, p := range procs {
+		<-p.done
+		if p.err != nil {
+			procErr = errors.Join(procErr, fmt.Errorf("agents process: %w (see %s)", p.err, logDir))
+		}
+	}
+	end := time.Now()
+	stopScrape()
+	<-scraped
+	last, err := scrapeRequests(ctx, rc)
+	if err != nil {
+		return nil, err
+	}
+	scrapes = append(scrapes, last)
+	stopWatch()
+	if procErr != nil {
+		return nil, procErr
+	}
+
+	var events []event
+	usage := ProcUsage{}
+	for _, p := range procs {
+		events = append(events, p.events...)
+		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			usage.CPU += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			usage.MaxRSS = append(usage.MaxRSS, ru.Maxrss*1024)
+		}
+	}
+	run := analyze(cfg, h.opts, t0, end, events, scrapes)
+	run.Usage = usage
+	run.PeakHeldAPI = lw.Peak()
+	if errs := lw.Errors(); len(errs) > 0 {
+		return nil, fmt.Errorf("the watch on the slot Leases failed, so the peak it saw is not the run's: %s", strings.Join(errs, "; "))
+	}
+	st := h.bw.Stats()
+	run.Served, run.Needed = st.Served, int64(cfg.Nodes)*h.opts.SetBytes()
+	run.Cancelled = st.Cancelled
+	if err := h.checkLabels(ctx, cfg, run); err != nil {
+		return nil, err
+	}
+	h.progress("%s: last label at %.1fs (%.2f× ideal), %d/%d succeeded, peak held %d (agents) %d (API), waiter requests %.2f per waiting node per minute, hand-over p50 %s p99 %s",
+		cfg.Name(), run.Last.Seconds(), run.Ratio(), run.Succeeded, cfg.Nodes, run.PeakHeldAgents, run.PeakHeldAPI,
+		run.PerWaiterMinute(), run.HandOverP50.Round(time.Millisecond), run.HandOverP99.Round(time.Millisecond))
+	return run, nil
+}
+
+// checkLabels reads every node's label back from the API.
+func (h *harness) checkLabels(ctx context.Context, cfg Config, run *Run) error {
+	list, err := h.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for i := range cfg.Nodes {
+		want[h.ids[i].Node] = true
+	}
+	key := v1alpha1.NodeKey(instance)
+	for _, n := range list.Items {
+		if !want[n.Name] {
+			continue
+		}
+		switch n.Labels[key] {
+		case v1alpha1.LabelSucceeded:
+			run.Succeeded++
+		case v1alpha1.LabelFailed:
+			run.Failed++
+		}
+	}
+	return nil
+}
+
+// copyDir copies the regular files under src into dst.
+func copyDir(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	return filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(target, data, 0o644)
+	})
+}
+
+// DefaultConfigs are issue 18's runs: 100, 300 and 1,000 nodes with K=10,
+// K=50 and one seed with K=10, all waiting by watch, and 1,000 nodes with
+// K=10 waiting by polling, for the comparison.
+func DefaultConfigs() []Config {
+	var out []Config
+	for _, n := range []int{100, 300, 1000} {
+		out = append(out, Config{Nodes: n, Slots: 10}, Config{Nodes: n, Slots: 50}, Config{Nodes: n, Slots: 10, SeedNodes: 1})
+	}
+	return append(out, Config{Nodes: 1000, Slots: 10, Poll: true})
+}
+
+// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>][-watch|-poll].
+func ParseConfig(s string) (Config, error) {
+	var c Config
+	rest := s
+	switch {
+	case strings.HasSuffix(rest, "-poll"):
+		c.Poll, rest = true, strings.TrimSuffix(rest, "-poll")
+	default:
+		rest = strings.TrimSuffix(rest, "-watch")
+	}
+	var n int
+	var err error
+	if i := strings.Index(rest, "-seed"); i >= 0 {
+		_, err = fmt.Sscanf(rest[i:], "-seed%d", &c.SeedNodes)
+		rest = rest[:i]
+	}
+	if err == nil {
+		n, err = fmt.Sscanf(rest, "n%d-k%d", &c.Nodes, &c.Slots)
+	}
+	if err != nil || n != 2 || c.Nodes < 1 || c.Slots < 1 || (c.Name() != s && c.Name() != s+"-watch") {
+		return Config{}, fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>][-watch|-poll], e.g. n1000-k10-seed1-poll", s)
+	}
+	return c, nil
+}

@@ -1,0 +1,61 @@
+package scale_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/scale"
+)
+
+func TestMain(m *testing.M) {
+	// The harness re-runs this test binary for its agents processes.
+	scale.MaybeRunAgents()
+	os.Exit(m.Run())
+}
+
+// TestScaleSmoke is make scale's smallest run, 100 nodes with K=10 waiting
+// by watch, against a real apiserver, with the bounds asserted: never more
+// than K holders (by the agents' account and by the Leases), every node
+// labeled succeeded, and the registry serving exactly the bytes the nodes
+// need (no pull is cut off and restarted). Times are reported, not
+// asserted.
+func TestScaleSmoke(t *testing.T) {
+	cfg := scale.Config{Nodes: 100, Slots: 10}
+	opts := scale.Options{
+		Configs:     []scale.Config{cfg},
+		Capacity:    1000 * scale.MiB,
+		NodeCap:     200 * scale.MiB,
+		Parallelism: 4,
+		Procs:       4,
+	}
+	for i := range 4 {
+		opts.Images = append(opts.Images, scale.Image{Ref: fmt.Sprintf("registry.example.com/scale/image-%d:v1", i), Size: 25 * scale.MiB})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := scale.Measure(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := rep.Runs[0]
+	t.Logf("last label %.1fs (%.2f× ideal), peak held %d/%d, waiter requests %.2f per waiting node per minute, hand-over p50 %s p99 %s (%d)",
+		run.Last.Seconds(), run.Ratio(), run.PeakHeldAgents, run.PeakHeldAPI, run.PerWaiterMinute(), run.HandOverP50, run.HandOverP99, run.HandOvers)
+	if run.PeakHeldAgents > cfg.Slots || run.PeakHeldAPI > cfg.Slots {
+		t.Errorf("peak slots held: %d by the agents' reports, %d Leases with a holder; want at most K=%d", run.PeakHeldAgents, run.PeakHeldAPI, cfg.Slots)
+	}
+	if run.PeakHeldAgents < 1 || run.PeakHeldAPI < 1 {
+		t.Errorf("peak slots held: %d by the agents' reports, %d by the Leases; one of them saw nothing", run.PeakHeldAgents, run.PeakHeldAPI)
+	}
+	if run.Succeeded != cfg.Nodes || run.Failed != 0 || run.AgentFailures != 0 {
+		t.Errorf("labels: %d succeeded, %d failed, %d agents failed; want all %d succeeded", run.Succeeded, run.Failed, run.AgentFailures, cfg.Nodes)
+	}
+	if len(run.Completions) != cfg.Nodes {
+		t.Errorf("%d agents reported a label, want %d", len(run.Completions), cfg.Nodes)
+	}
+	if run.Served != run.Needed {
+		t.Errorf("registry served %d bytes, the nodes need %d (%.4f×); %d pulls were cancelled", run.Served, run.Needed, float64(run.Served)/float64(run.Needed), run.Cancelled)
+	}
+}
