@@ -21,10 +21,10 @@ type slowRuntime struct {
 	// downloadsErr is what Downloads returns, when set.
 	downloadsErr error
 
-	mu       sync.Mutex
-	start    time.Time
-	present  bool
-	pulls    int
+	mu      sync.Mutex
+	start   time.Time
+	present bool
+	pulls   int
 	// deadline: the call had a deadline within a second (the overall timeout, guard, is further).
 	deadline []bool
 	errs     []error

@@ -31,9 +31,9 @@ import (
 //     own latency L of it: about W×L/window losers per hand-over. The
 //     winner writes its delay into the slot (TakeDelayAnnotation), every
 //     waiter sees it, and each steers its window until the winners' median
-//     delay is targetDelay (a mean of about 1.4 × targetDelay): the windows
-//     settle near W × targetDelay, with about L/targetDelay losers per
-//     hand-over, and no waiter needs to know W.
+//     delay is the target: the windows settle near W × target, with about
+//     L/target losers per hand-over, and no waiter needs to know W. The
+//     target is targetDelay, or 2L when L is longer (see target).
 //     The delay, not the time from release to take, is what is steered:
 //     that time includes L, which grows with contention, and steering on
 //     it would narrow the windows exactly when they are too narrow. A
@@ -50,15 +50,16 @@ const (
 	// as all nodes of a new DaemonSet do. A lone node does not wait it
 	// out: see stallAfter.
 	initialWindow = 5 * time.Second
-	// stallAfter: a slot seen free this long without a take means the
-	// windows are too wide for the waiters left (the last nodes of a
-	// rollout, or one node alone). The window then shrinks as after a
-	// late take, every targetDelay, and the delay is drawn again, until
-	// someone takes the slot. Hand-overs in step take longer than this
-	// only a few times in a hundred.
-	stallAfter = 5 * targetDelay
-	minWindow  = 20 * time.Millisecond
-	maxWindow  = 2 * time.Minute
+	// stallFactor: a slot seen free stallFactor × the target delay without
+	// a take means the windows are too wide for the waiters left (the
+	// last nodes of a rollout, or one node alone). The window then
+	// shrinks as after a late take, every target delay, and the delay is
+	// drawn again, until someone takes the slot. It also cuts the long
+	// tail of the winners' delays (the first of many random draws is
+	// exponential): about one hand-over in eight in step waits this long.
+	stallFactor = 3
+	minWindow   = 20 * time.Millisecond
+	maxWindow   = 2 * time.Minute
 	// targetDelay is the winners' median delay the waiters steer towards:
 	// short against the pulls it separates, and a few times the latency
 	// of a write, which keeps losers rare.
@@ -92,6 +93,8 @@ type watchWaiter struct {
 	// hand, say): the list cannot see them, so they are read by name.
 	outside map[int]bool
 	window  time.Duration
+	// latency is a moving average of the latency of others' takes.
+	latency time.Duration
 	// names are the slot Lease names, index maps them back to slots.
 	names []string
 	index map[string]int
@@ -195,7 +198,7 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Holding, error) {
 	g := w.g
 	var fire, expire, recheck, stall *time.Timer
-	var fireAt time.Time
+	var fireAt, expireAt time.Time
 	stopTimer := func(t **time.Timer) {
 		if *t != nil {
 			(*t).Stop()
@@ -233,9 +236,13 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 				w.logWaiting()
 			}
 		}
-		stopTimer(&expire)
-		if !nextExpiry.IsZero() {
-			expire = time.NewTimer(nextExpiry.Sub(now))
+		if !nextExpiry.Equal(expireAt) {
+			// Most events change no expiry; a timer per event would cost
+			// every waiter of a large cluster for every renewal.
+			stopTimer(&expire)
+			if expireAt = nextExpiry; !nextExpiry.IsZero() {
+				expire = time.NewTimer(nextExpiry.Sub(now))
+			}
 		}
 		if stall == nil && len(free) > 0 {
 			stall = time.NewTimer(w.stallCheck(free, now))
@@ -254,7 +261,7 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 				return nil, err
 			}
 		case <-timerC(expire):
-			expire = nil
+			expire, expireAt = nil, time.Time{}
 		case <-timerC(stall):
 			stall = nil
 			if free, _ := w.free(g.now()); w.stalled(free, g.now()) {
@@ -344,6 +351,7 @@ func (w *watchWaiter) steer(prev, cur *coordinationv1.Lease, now time.Time) {
 		}
 		return
 	}
+	freed, seen := w.freeSince[name]
 	delete(w.freeSince, name)
 	if holder(cur) == w.id || (prev != nil && holder(prev) == holder(cur)) {
 		return // ours, or a renewal
@@ -352,18 +360,38 @@ func (w *watchWaiter) steer(prev, cur *coordinationv1.Lease, now time.Time) {
 	if err != nil {
 		return // an older agent, or a takeover by polling
 	}
-	switch {
-	case delay > targetDelay:
+	if seen {
+		// What this waiter saw of the hand-over, less the winner's delay,
+		// is the latency of a take: the winner's write and the watch
+		// bringing it here. It grows when the apiserver is busy.
+		lag := max(now.Sub(freed)-delay, 0)
+		w.latency = (4*w.latency + lag) / 5
+	}
+	switch target := w.target(); {
+	case delay > target:
 		w.window = max(w.window*10/11, minWindow)
-	case delay < targetDelay:
+	case delay < target:
 		w.window = min(w.window*11/10, maxWindow)
 	}
 }
 
+// target is the winners' delay to steer towards: targetDelay, or twice
+// the latency of a take when that is longer. Losers come about
+// latency/target per hand-over, so a busy apiserver, whose latency grows,
+// gets fewer writes, not more: without this a conflict storm slowed the
+// watches, which made more conflicts.
+func (w *watchWaiter) target() time.Duration {
+	return max(targetDelay, 2*w.latency)
+}
+
+// stallAfter is how long a free slot may wait for a take before the
+// windows narrow: stallFactor times the target delay.
+func (w *watchWaiter) stallAfter() time.Duration { return stallFactor * w.target() }
+
 // stalled says whether a free slot has waited longer than stallAfter.
 func (w *watchWaiter) stalled(free []int, now time.Time) bool {
 	for _, i := range free {
-		if t, ok := w.freeSince[w.names[i]]; ok && now.Sub(t) >= stallAfter {
+		if t, ok := w.freeSince[w.names[i]]; ok && now.Sub(t) >= w.stallAfter() {
 			return true
 		}
 	}
@@ -373,12 +401,12 @@ func (w *watchWaiter) stalled(free []int, now time.Time) bool {
 // stallCheck is when to look again whether a free slot is stalled.
 func (w *watchWaiter) stallCheck(free []int, now time.Time) time.Duration {
 	if w.stalled(free, now) {
-		return targetDelay
+		return w.target()
 	}
-	next := stallAfter
+	next := w.stallAfter()
 	for _, i := range free {
 		if t, ok := w.freeSince[w.names[i]]; ok {
-			next = min(next, t.Add(stallAfter).Sub(now))
+			next = min(next, t.Add(w.stallAfter()).Sub(now))
 		}
 	}
 	return max(next, time.Millisecond)

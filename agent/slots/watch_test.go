@@ -118,7 +118,7 @@ func TestWindowAdapts(t *testing.T) {
 		w.steer(taken, released, t0)
 		next := taken.DeepCopy()
 		next.Annotations = map[string]string{TakeDelayAnnotation: delay.String()}
-		w.steer(released, next, t0.Add(time.Second))
+		w.steer(released, next, t0.Add(delay)) // no latency: the take is seen as it is made
 		return w.window
 	}
 	w.window = time.Second
@@ -143,6 +143,23 @@ func TestWindowAdapts(t *testing.T) {
 	if w.window != minWindow {
 		t.Errorf("window %v after many late takes, want the floor %v", w.window, minWindow)
 	}
+	// Takes seen 200 ms after their winners made them: a busy apiserver.
+	// The target becomes twice that, so a 140 ms delay is early.
+	w.window = time.Second
+	for range 50 {
+		t0 := time.Now()
+		w.steer(taken, released, t0)
+		next := taken.DeepCopy()
+		next.Annotations = map[string]string{TakeDelayAnnotation: (2 * targetDelay).String()}
+		w.steer(released, next, t0.Add(2*targetDelay+200*time.Millisecond))
+	}
+	if w.latency < 190*time.Millisecond || w.latency > 200*time.Millisecond || w.target() != 2*w.latency {
+		t.Errorf("latency %v target %v after takes seen 200 ms late", w.latency, w.target())
+	}
+	if w.window <= time.Second {
+		t.Errorf("window %v after takes 140 ms late on a busy apiserver, want wider than 1s", w.window)
+	}
+	w.window, w.latency = minWindow, 0
 	// A renewal, or a take that reports no delay (an older agent), steers nothing.
 	renewed := taken.DeepCopy()
 	renewed.Annotations = map[string]string{TakeDelayAnnotation: "1h"}

@@ -31,6 +31,9 @@ type Run struct {
 	// the time the Lease names the holder); PeakHeldAPI the most Leases
 	// with a holder at once, watched from the API.
 	PeakHeldAgents, PeakHeldAPI int
+	// WatchRestarts is how often the apiserver ended the harness's own
+	// watch on the Leases (it lists again; a list is a sample too).
+	WatchRestarts int
 	// Lost counts slots lost while held.
 	Lost int
 	// HandOvers are the slot hand-overs counted (see analyze), with their

@@ -37,11 +37,19 @@ type scrape struct {
 	counts map[requestKey]float64
 	// cpu is the apiserver's process_cpu_seconds_total.
 	cpu float64
+	// leaseWatches is how many Lease watches are open
+	// (apiserver_longrunning_requests); found says the gauge was there.
+	leaseWatches float64
+	found        bool
 }
 
 const (
 	requestMetric = "apiserver_request_total"
 	cpuMetric     = "process_cpu_seconds_total"
+	// openMetric counts the long-running requests open now. The request
+	// counter counts a watch when it ends; with this gauge the watches
+	// are counted when they start, which is when the waiter asked.
+	openMetric = "apiserver_longrunning_requests"
 )
 
 // scrapeRequests reads the apiserver's own /metrics.
@@ -53,40 +61,51 @@ func scrapeRequests(ctx context.Context, rc rest.Interface) (scrape, error) {
 	if err != nil {
 		return scrape{}, fmt.Errorf("scrape apiserver /metrics: %w", err)
 	}
-	counts, cpu, err := parseRequests(body)
-	return scrape{at: at, counts: counts, cpu: cpu}, err
+	sc, err := parseRequests(body)
+	sc.at = at
+	if err == nil && !sc.found {
+		err = fmt.Errorf("apiserver /metrics has no %s", openMetric)
+	}
+	return sc, err
 }
 
 // parseRequests picks the apiserver_request_total samples out of the
 // Prometheus text format. Only that metric is parsed: the whole page is
 // megabytes of histograms, and the scrape runs during the measurement.
-func parseRequests(body []byte) (map[requestKey]float64, float64, error) {
-	out := map[requestKey]float64{}
-	cpu := 0.0
+func parseRequests(body []byte) (scrape, error) {
+	out := scrape{counts: map[requestKey]float64{}}
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		if v, ok := strings.CutPrefix(line, cpuMetric+" "); ok {
-			cpu, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+			out.cpu, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
 			continue
 		}
-		if !strings.HasPrefix(line, requestMetric+"{") {
+		metric, rest, ok := strings.Cut(line, "{")
+		if !ok || metric != requestMetric && metric != openMetric {
 			continue
 		}
-		end := strings.LastIndexByte(line, '}')
+		end := strings.LastIndexByte(rest, '}')
 		if end < 0 {
-			return nil, 0, fmt.Errorf("malformed sample %q", line)
+			return scrape{}, fmt.Errorf("malformed sample %q", line)
 		}
-		labels := parseLabels(line[len(requestMetric)+1 : end])
-		v, err := strconv.ParseFloat(strings.Fields(line[end+1:])[0], 64)
+		labels := parseLabels(rest[:end])
+		v, err := strconv.ParseFloat(strings.Fields(rest[end+1:])[0], 64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("sample %q: %w", line, err)
+			return scrape{}, fmt.Errorf("sample %q: %w", line, err)
+		}
+		if metric == openMetric {
+			out.found = true
+			if labels["verb"] == "WATCH" && labels["resource"] == "leases" {
+				out.leaseWatches += v
+			}
+			continue
 		}
 		k := requestKey{Verb: labels["verb"], Resource: labels["resource"], Subresource: labels["subresource"], Code: labels["code"]}
-		out[k] += v
+		out.counts[k] += v
 	}
-	return out, cpu, sc.Err()
+	return out, sc.Err()
 }
 
 // parseLabels reads name="value",... (the values here hold no quotes).
@@ -121,6 +140,10 @@ type Requests struct {
 	Rates   []RequestRate
 	// CPU is the apiserver's CPU use over the window, in cores.
 	CPU float64
+	// LeaseWatchStarts is the Lease watches started per second: those
+	// that ended plus those still open at the end, less those open at
+	// the start.
+	LeaseWatchStarts float64
 }
 
 // diff is the rate of every series between two scrapes, busiest first.
@@ -131,6 +154,13 @@ func diff(a, b scrape) Requests {
 		return r
 	}
 	r.CPU = (b.cpu - a.cpu) / secs
+	ended := 0.0
+	for k, v := range b.counts {
+		if k.Verb == "WATCH" && k.Resource == "leases" {
+			ended += v - a.counts[k]
+		}
+	}
+	r.LeaseWatchStarts = max(ended+b.leaseWatches-a.leaseWatches, 0) / secs
 	for k, v := range b.counts {
 		if d := v - a.counts[k]; d > 0 {
 			r.Rates = append(r.Rates, RequestRate{Key: k, Rate: d / secs})
@@ -160,11 +190,13 @@ func (r Requests) Total() float64 {
 // Waiters is the part of the Lease traffic that waiting costs: every
 // Lease request except the writes that succeeded (a holder taking,
 // renewing or clearing its slot). Reads, lists, watches and the writes
-// refused with 409 Conflict all come from nodes that wait.
+// refused with 409 Conflict all come from nodes that wait. Watches count
+// when they start: a waiter's watch ends when it takes a slot, which is
+// the taking's doing, not the waiting's.
 func (r Requests) Waiters() float64 {
-	t := 0.0
+	t := r.LeaseWatchStarts
 	for _, x := range r.Rates {
-		if x.Key.Resource == "leases" && !isWrite2xx(x.Key) {
+		if x.Key.Resource == "leases" && x.Key.Verb != "WATCH" && !isWrite2xx(x.Key) {
 			t += x.Rate
 		}
 	}

@@ -378,63 +378,99 @@ func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]
 // leaseWatch follows the instance's slot Leases from the API and keeps the
 // largest number held at once.
 type leaseWatch struct {
-	mu      sync.Mutex
-	holders map[string]string
-	peak    int
-	errs    []string
+	mu       sync.Mutex
+	holders  map[string]string
+	peak     int
+	errs     []string
+	restarts int
 }
 
 func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
-	// A watch from "now" needs the apiserver's watch cache to catch up
-	// with etcd, which etcd 3.4 cannot confirm (504 "Too large resource
-	// version"): watch from a list's resourceVersion, as informers do.
-	opts := metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance}
-	list, err := cs.CoordinationV1().Leases(namespace).List(ctx, opts)
+	w, err := lw.list(ctx, cs)
 	if err != nil {
 		return err
 	}
+	go func() {
+		for {
+			lw.follow(ctx, w)
+			if ctx.Err() != nil {
+				return // stopped: what ends the watch then is no error
+			}
+			// An apiserver under load ends the watches of slow readers;
+			// listing again loses nothing: a list is a sample of its own.
+			lw.mu.Lock()
+			lw.restarts++
+			lw.mu.Unlock()
+			for {
+				if w, err = lw.list(ctx, cs); err == nil || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// list samples the Leases and starts a watch from there. A watch from
+// "now" needs the apiserver's watch cache to catch up with etcd, which
+// etcd 3.4 cannot confirm (504 "Too large resource version"): watch from
+// a list's resourceVersion, as informers do.
+func (lw *leaseWatch) list(ctx context.Context, cs kubernetes.Interface) (watch.Interface, error) {
+	opts := metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance}
+	list, err := cs.CoordinationV1().Leases(namespace).List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	lw.mu.Lock()
+	clear(lw.holders)
 	for _, l := range list.Items {
 		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
 			lw.holders[l.Name] = *l.Spec.HolderIdentity
 		}
 	}
-	lw.peak = len(lw.holders)
+	lw.peak = max(lw.peak, len(lw.holders))
+	lw.mu.Unlock()
 	opts.ResourceVersion = list.ResourceVersion
-	w, err := cs.CoordinationV1().Leases(namespace).Watch(ctx, opts)
-	if err != nil {
-		return err
-	}
-	go func() {
-		defer w.Stop()
-		for ev := range w.ResultChan() {
-			if ctx.Err() != nil {
-				return // stopped: what ends the watch then is no error
-			}
-			l, ok := ev.Object.(*coordinationv1.Lease)
-			if !ok {
+	return cs.CoordinationV1().Leases(namespace).Watch(ctx, opts)
+}
+
+func (lw *leaseWatch) follow(ctx context.Context, w watch.Interface) {
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		if ctx.Err() != nil {
+			return
+		}
+		l, ok := ev.Object.(*coordinationv1.Lease)
+		if !ok {
+			if ev.Type != watch.Error {
 				lw.mu.Lock()
 				lw.errs = append(lw.errs, fmt.Sprintf("%s %T %v", ev.Type, ev.Object, ev.Object))
 				lw.mu.Unlock()
-				continue
 			}
-			lw.mu.Lock()
-			if ev.Type == watch.Deleted || l.Spec.HolderIdentity == nil {
-				delete(lw.holders, l.Name)
-			} else if *l.Spec.HolderIdentity != "" {
-				lw.holders[l.Name] = *l.Spec.HolderIdentity
-			} else {
-				delete(lw.holders, l.Name)
-			}
-			lw.peak = max(lw.peak, len(lw.holders))
-			lw.mu.Unlock()
+			continue
 		}
-		if ctx.Err() == nil {
-			lw.mu.Lock()
-			lw.errs = append(lw.errs, "the apiserver ended the watch during the run")
-			lw.mu.Unlock()
+		lw.mu.Lock()
+		if ev.Type == watch.Deleted || l.Spec.HolderIdentity == nil {
+			delete(lw.holders, l.Name)
+		} else if *l.Spec.HolderIdentity != "" {
+			lw.holders[l.Name] = *l.Spec.HolderIdentity
+		} else {
+			delete(lw.holders, l.Name)
 		}
-	}()
-	return nil
+		lw.peak = max(lw.peak, len(lw.holders))
+		lw.mu.Unlock()
+	}
+}
+
+// Restarts is how often the apiserver ended the watch during the run.
+func (lw *leaseWatch) Restarts() int {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.restarts
 }
 
 // Errors are the watch's error events.
@@ -569,6 +605,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 	run := analyze(cfg, h.opts, t0, end, events, scrapes)
 	run.Usage = usage
 	run.PeakHeldAPI = lw.Peak()
+	run.WatchRestarts = lw.Restarts()
 	if errs := lw.Errors(); len(errs) > 0 {
 		return nil, fmt.Errorf("the watch on the slot Leases failed, so the peak it saw is not the run's: %s", strings.Join(errs, "; "))
 	}
