@@ -399,24 +399,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// summarize turns results into the annotation summary.
-func summarize(results []pull.Result, d time.Duration) label.Summary {
-	present := 0
-	var failures []label.Failure
-	for _, r := range results {
-		if r.Present {
-			present++
-			continue
-		}
-		reason := r.Reason
-		if reason == "" {
-			reason = pull.ReasonMissing
-		}
-		failures = append(failures, label.Failure{Image: r.Image, Reason: reason, Message: r.Message})
-	}
-	return label.NewSummary(len(results), present, failures, d, time.Now())
-}
-
 func (a *agent) observe(s label.Summary) {
 	if a.metrics != nil {
 		a.metrics.Checked(s.Present, s.FailureCount(), time.Now())

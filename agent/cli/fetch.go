@@ -72,7 +72,7 @@ func newFetch(deps *Deps) *cobra.Command {
 				a.log.Warn("terminated before the pull finished; not labeling the node")
 				return &ExitCodeError{Code: ExitError, Err: errSilent}
 			}
-			s := summarize(results, time.Since(start))
+			s := pull.Summarize(results, time.Since(start))
 			a.observe(s)
 			ok := s.FailureCount() == 0
 			if ok {

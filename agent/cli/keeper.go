@@ -60,7 +60,7 @@ func pendingSummary(results []pull.Result) label.Summary {
 			rs[i].Message = "not present on the node; being pulled, or waiting for a pull slot"
 		}
 	}
-	return summarize(rs, 0)
+	return pull.Summarize(rs, 0)
 }
 
 func (k *keeper) repairWhileChecking(ctx context.Context, refresh time.Duration) {

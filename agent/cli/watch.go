@@ -14,6 +14,7 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -179,7 +180,7 @@ func (a *agent) check(ctx context.Context) {
 			a.log.Info("image was missing and has been pulled again", "image", r.Normalized)
 		}
 	}
-	s := summarize(results, time.Since(start))
+	s := pull.Summarize(results, time.Since(start))
 	a.observe(s)
 	a.reconcile(ctx, s)
 }

@@ -248,32 +248,13 @@ func (a *simAgent) emit(kind string, slot int, value string) {
 func (a *simAgent) run(ctx context.Context, entries []imagelist.Entry) {
 	start := time.Now()
 	results := a.puller.Run(ctx, entries, "")
-	s := summarize(results, time.Since(start))
+	s := pull.Summarize(results, time.Since(start))
 	if err := a.labeler.Apply(ctx, s); err != nil {
 		a.log.Error("labeling the node failed", "err", err)
 		a.emit(evFailed, -1, strings.ReplaceAll(err.Error(), "\n", " "))
 		return
 	}
 	a.emit(evLabeled, -1, s.Value())
-}
-
-// summarize is the agent's summary of a run (agent/cli's, which is not
-// exported): the images present, and each failure with its reason.
-func summarize(results []pull.Result, d time.Duration) label.Summary {
-	present := 0
-	var failures []label.Failure
-	for _, r := range results {
-		if r.Present {
-			present++
-			continue
-		}
-		reason := r.Reason
-		if reason == "" {
-			reason = pull.ReasonMissing
-		}
-		failures = append(failures, label.Failure{Image: r.Image, Reason: reason, Message: r.Message})
-	}
-	return label.NewSummary(len(results), present, failures, d, time.Now())
 }
 
 // noCreds: the simulated registry needs no credentials.
