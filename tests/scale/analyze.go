@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -97,7 +98,7 @@ func (r Run) RSSPerAgent() int64 {
 // the agents were started, end when the last one returned.
 func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrapes []scrape) *Run {
 	run := &Run{Config: cfg, Ideal: opts.Ideal(cfg)}
-	slices.SortStableFunc(events, func(a, b event) int { return cmpInt64(a.T, b.T) })
+	slices.SortStableFunc(events, func(a, b event) int { return cmp.Compare(a.T, b.T) })
 	rel := func(t int64) time.Duration { return time.Unix(0, t).Sub(t0) }
 
 	waiting := map[int]bool{}
@@ -237,14 +238,4 @@ func absDur(d time.Duration) time.Duration {
 		return -d
 	}
 	return d
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

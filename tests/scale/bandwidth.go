@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -145,7 +146,7 @@ func (b *Bandwidth) settle() {
 	}
 	order := slices.Clone(b.flows)
 	limit := func(f *flow) float64 { return b.nodeCap / float64(perNode[f.node]) }
-	slices.SortFunc(order, func(x, y *flow) int { return cmpFloat(limit(x), limit(y)) })
+	slices.SortFunc(order, func(x, y *flow) int { return cmp.Compare(limit(x), limit(y)) })
 	left, n := b.capacity, len(order)
 	for i, f := range order {
 		share := left / float64(n-i)
@@ -173,16 +174,6 @@ func (b *Bandwidth) tick() {
 	defer b.mu.Unlock()
 	b.advance(time.Now())
 	b.settle()
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Serve answers POST /transfer?node=N&bytes=S on l: the response comes
