@@ -102,8 +102,5 @@ func (r Report) WritePlot(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := p.Save(10*vg.Inch, 6*vg.Inch, path); err != nil {
-		return fmt.Errorf("save plot %s: %w", path, err)
-	}
-	return nil
+	return SavePlot(p, 10*vg.Inch, 6*vg.Inch, path)
 }

@@ -222,10 +222,7 @@ func (r Report) WritePlot(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := p.Save(11*vg.Inch, 7*vg.Inch, path); err != nil {
-		return fmt.Errorf("save plot %s: %w", path, err)
-	}
-	return nil
+	return bench.SavePlot(p, 11*vg.Inch, 7*vg.Inch, path)
 }
 
 // pollWatchPairs are the runs that differ only in the waiter, watch first.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -69,18 +68,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	rel, err := filepath.Rel(filepath.Dir(out), plotFile)
-	if err != nil {
-		rel = plotFile
-	}
-	rep.PlotFile = rel
-	if err := rep.WritePlot(plotFile); err != nil {
+	if err := bench.WriteDocument(out, plotFile, &rep.PlotFile, rep); err != nil {
 		return err
 	}
-	if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	fmt.Printf("wrote %s and %s\n", out, plotFile)
 	missed := 0
 	for _, c := range rep.Checks() {
 		met := "met"

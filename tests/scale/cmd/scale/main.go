@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/image-prefetcher/image-prefetcher/tests/bench"
 	"github.com/image-prefetcher/image-prefetcher/tests/scale"
 )
 
@@ -76,17 +76,8 @@ func run() error {
 	if len(os.Args) > 1 {
 		rep.Command = "go run ./tests/scale/cmd/scale " + strings.Join(os.Args[1:], " ")
 	}
-	rel, err := filepath.Rel(filepath.Dir(out), plotFile)
-	if err != nil {
-		rel = plotFile
-	}
-	rep.PlotFile = rel
-	if err := rep.WritePlot(plotFile); err != nil {
+	if err := bench.WriteDocument(out, plotFile, &rep.PlotFile, rep); err != nil {
 		return err
 	}
-	if err := os.WriteFile(out, []byte(rep.Markdown()), 0o644); err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	fmt.Printf("wrote %s and %s\n", out, plotFile)
 	return nil
 }
