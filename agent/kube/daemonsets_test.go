@@ -23,7 +23,10 @@ func TestDaemonSetGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.last(t); got.Method != http.MethodGet || got.Path != "/apis/apps/v1/namespaces/ns/daemonsets/image-prefetcher-demo" {
+	// JSON only: the agent decodes the DaemonSet by hand, and the real
+	// apiserver would answer an Accept that lists protobuf first in it.
+	if got := s.last(t); got.Method != http.MethodGet || got.Path != "/apis/apps/v1/namespaces/ns/daemonsets/image-prefetcher-demo" ||
+		got.Accept != "application/json" {
 		t.Errorf("request %+v", got)
 	}
 	spec := ds.Spec.Template.Spec

@@ -98,31 +98,38 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes HTTP client: %w", err)
 	}
-	core, err := restClient(cfg, hc, "/api", corev1.SchemeGroupVersion)
+	core, err := restClient(cfg, hc, "/api", corev1.SchemeGroupVersion, true)
 	if err != nil {
 		return nil, err
 	}
-	coord, err := restClient(cfg, hc, "/apis", coordinationv1.SchemeGroupVersion)
+	coord, err := restClient(cfg, hc, "/apis", coordinationv1.SchemeGroupVersion, true)
 	if err != nil {
 		return nil, err
 	}
-	apps, err := restClient(cfg, hc, "/apis", appsV1)
+	// JSON: the DaemonSet is decoded by hand into a few of its fields
+	// (daemonsets.go), without the apps/v1 types protobuf would need.
+	apps, err := restClient(cfg, hc, "/apis", appsV1, false)
 	if err != nil {
 		return nil, err
 	}
 	return &Client{core: core, coordination: coord, apps: apps}, nil
 }
 
-func restClient(base *rest.Config, hc *http.Client, apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
+func restClient(base *rest.Config, hc *http.Client, apiPath string, gv schema.GroupVersion, protobuf bool) (*rest.RESTClient, error) {
 	cfg := rest.CopyConfig(base)
 	cfg.APIPath = apiPath
 	cfg.GroupVersion = &gv
 	cfg.NegotiatedSerializer = codecs.WithoutConversion()
-	// Protobuf, as kubelets talk: a waiting node decodes every slot
-	// Lease event of the instance, and in JSON that decoding was two
-	// thirds of a waiting agent's CPU (make scale, 1,000 nodes).
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	if protobuf {
+		// Protobuf, as kubelets talk: a waiting node decodes every slot
+		// Lease event it watches, and in JSON that decoding was two
+		// thirds of a waiting agent's CPU (make scale, 1,000 nodes).
+		cfg.ContentType = runtime.ContentTypeProtobuf
+		cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	} else {
+		cfg.ContentType = runtime.ContentTypeJSON
+		cfg.AcceptContentTypes = runtime.ContentTypeJSON
+	}
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
