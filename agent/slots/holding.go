@@ -272,7 +272,7 @@ func (g *Gate) markSeeded(ctx context.Context) error {
 			secs := int32(g.cfg.LeaseDuration / time.Second)
 			fresh := &coordinationv1.Lease{
 				ObjectMeta: metav1.ObjectMeta{
-					Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(),
+					Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(0),
 					Annotations: map[string]string{SeededAnnotation: value},
 				},
 				Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},

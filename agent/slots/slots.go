@@ -15,7 +15,9 @@
 // cannot make a live holder look expired.
 //
 // A waiting node follows the slots with one watch (watch.go), so that it
-// sends no requests while nothing changes. Where the Role does not allow
+// sends no requests while nothing changes; in a large herd it follows only
+// some of them (subset.go), so that each event reaches a few dozen waiters
+// rather than all. Where the Role does not allow
 // that (an older rendering), or Config.Poll says so, it reads the slot
 // names in turn instead (polling).
 //
@@ -34,6 +36,7 @@ import (
 	"log/slog"
 	"maps"
 	mrand "math/rand/v2"
+	"strconv"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -78,6 +81,9 @@ const (
 	// LabelComponentSlot is the LabelComponent value of slot Leases; the
 	// watch selects on it.
 	LabelComponentSlot = "pull-slot"
+	// LabelSlot is a slot Lease's index, so that a waiter can watch some of
+	// the slots with one set-based selector (watch.go).
+	LabelSlot = v1alpha1.LabelDomain + "/slot"
 )
 
 // LeaseClient reads and writes the slot Leases of Config.Namespace. Its
@@ -127,6 +133,12 @@ type Config struct {
 	// PollInterval is the mean pause between looks while every slot is
 	// busy; each pause is jittered by ±50%. Default DefaultPollInterval.
 	PollInterval time.Duration
+	// Herd is how many nodes may wait for a slot at once, at most: the
+	// number of the instance's pods (its DaemonSet's
+	// desiredNumberScheduled). It sizes a waiter's first subset and window
+	// (subset.go), which the waiters then correct as they go; 0, unknown,
+	// starts with all slots and a window of 5 s.
+	Herd int
 	// Poll makes waiters read the slot names in turn instead of watching
 	// them: the behaviour before watching, kept for comparisons. Waiters
 	// poll anyway when the Role does not allow list and watch on Leases.
@@ -155,6 +167,9 @@ type Gate struct {
 	// pause after a failed list or watch (watch.go); tests shorten them.
 	firstWindow   time.Duration
 	relistBackoff time.Duration
+	// resubsetSpread is the longest a waiter waits before it lists again
+	// to watch another subset of the slots (subset.go); tests shorten it.
+	resubsetSpread time.Duration
 }
 
 // New checks cfg and fills in defaults.
@@ -176,8 +191,8 @@ func New(cfg Config) (*Gate, error) {
 		return nil, errors.New("slots: no instance name")
 	case cfg.Slots < 1:
 		return nil, fmt.Errorf("slots: %d slots, need at least 1", cfg.Slots)
-	case cfg.SeedNodes < 0:
-		return nil, fmt.Errorf("slots: %d seed nodes, need 0 or more", cfg.SeedNodes)
+	case cfg.SeedNodes < 0, cfg.Herd < 0:
+		return nil, fmt.Errorf("slots: %d seed nodes and a herd of %d, need 0 or more", cfg.SeedNodes, cfg.Herd)
 	case cfg.Identity == "":
 		return nil, errors.New("slots: no holder identity (set POD_NAME)")
 	case cfg.LeaseDuration < 0 || cfg.PollInterval < 0 || cfg.CallTimeout < 0 || cfg.Resync < 0:
@@ -210,8 +225,9 @@ func New(cfg Config) (*Gate, error) {
 		log:    cfg.Logger.With("component", "slots"),
 		now:    time.Now,
 
-		firstWindow:   initialWindow,
-		relistBackoff: minRelistBackoff,
+		firstWindow:    initialWindow,
+		relistBackoff:  minRelistBackoff,
+		resubsetSpread: defaultResubsetSpread,
 	}, nil
 }
 
@@ -237,11 +253,8 @@ func (g *Gate) Acquire(ctx context.Context) (release func(), err error) {
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
 	if !g.cfg.Poll {
-		h, err := g.holdWatching(ctx)
+		h, err := g.holdWatching(ctx, start)
 		if !errors.Is(err, errCannotWatch) {
-			if h != nil {
-				g.logAcquired(h, start)
-			}
 			return h, err
 		}
 		g.log.Warn("cannot watch the pull slots (the Role lacks list or watch on leases: render it again); waiting by polling", "err", err)
@@ -249,9 +262,9 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	return g.holdPolling(ctx, start)
 }
 
-func (g *Gate) logAcquired(h *Holding, start time.Time) {
-	g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
-		"waited", g.now().Sub(start).Round(time.Millisecond).String())
+func (g *Gate) logAcquired(h *Holding, start time.Time, attrs ...any) {
+	g.log.Info("acquired pull slot", append([]any{"slot", h.Name(), "holder", h.id, "seed", h.seed,
+		"waited", g.now().Sub(start).Round(time.Millisecond).String()}, attrs...)...)
 }
 
 func (g *Gate) newWaiter() *waiter {
@@ -371,7 +384,7 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	if apierrors.IsNotFound(err) {
 		w.recheckSeeded(ctx, i)
 		seed := !w.seeded
-		created, err := g.create(ctx, g.newLease(name, w.id, now))
+		created, err := g.create(ctx, g.newLease(i, w.id, now))
 		if err != nil {
 			return nil, w.failed("create", i, err)
 		}
@@ -398,7 +411,7 @@ func (w *waiter) try(ctx context.Context, i int) (*Holding, error) {
 	// that includes nodes taking over a crashed seed's slot.
 	w.recheckSeeded(ctx, i)
 	seed := !w.seeded
-	updated, err := g.update(ctx, g.takeover(lease, w.id, now))
+	updated, err := g.update(ctx, g.takeover(lease, i, w.id, now))
 	if err != nil {
 		return nil, w.failed("update", i, err)
 	}
@@ -510,7 +523,7 @@ func (g *Gate) heldSpec(id string, now time.Time) coordinationv1.LeaseSpec {
 // takeover is lease with us as its new holder. It also puts our labels on
 // it: a slot Lease made without them (by hand, say) is invisible to the
 // waiters' watch until then.
-func (g *Gate) takeover(lease *coordinationv1.Lease, id string, now time.Time) *coordinationv1.Lease {
+func (g *Gate) takeover(lease *coordinationv1.Lease, i int, id string, now time.Time) *coordinationv1.Lease {
 	next := lease.DeepCopy()
 	transitions := int32(0)
 	if lease.Spec.LeaseTransitions != nil {
@@ -522,24 +535,26 @@ func (g *Gate) takeover(lease *coordinationv1.Lease, id string, now time.Time) *
 	if next.Labels == nil {
 		next.Labels = map[string]string{}
 	}
-	maps.Copy(next.Labels, g.labels())
+	maps.Copy(next.Labels, g.labels(i))
 	return next
 }
 
-func (g *Gate) labels() map[string]string {
+// labels are the labels of slot i's Lease.
+func (g *Gate) labels(i int) map[string]string {
 	return map[string]string{
 		LabelName:      "image-prefetcher",
 		LabelInstance:  g.cfg.Instance,
 		LabelComponent: LabelComponentSlot,
+		LabelSlot:      strconv.Itoa(i),
 	}
 }
 
-func (g *Gate) newLease(name, id string, now time.Time) *coordinationv1.Lease {
+func (g *Gate) newLease(i int, id string, now time.Time) *coordinationv1.Lease {
 	zero := int32(0)
 	spec := g.heldSpec(id, now)
 	spec.LeaseTransitions = &zero
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels()},
+		ObjectMeta: metav1.ObjectMeta{Name: SlotName(g.cfg.Instance, i), Namespace: g.cfg.Namespace, Labels: g.labels(i)},
 		Spec:       spec,
 	}
 }

@@ -65,6 +65,9 @@ const (
 	// of a write, which keeps losers rare.
 	targetDelay = 70 * time.Millisecond
 
+	// maxLatencySample bounds what counts as the latency of a take.
+	maxLatencySample = time.Second
+
 	minRelistBackoff = time.Second
 	maxRelistBackoff = 30 * time.Second
 )
@@ -98,15 +101,25 @@ type watchWaiter struct {
 	// names are the slot Lease names, index maps them back to slots.
 	names []string
 	index map[string]int
+
+	// size is how many slots to watch (subset.go); watched are the slots
+	// the current watch follows, nil for all eligible ones; seedWatch says
+	// that it was chosen while seeding, when all are watched.
+	size      int
+	watched   map[int]bool
+	seedWatch bool
+	// takesSeen counts others' takes since the last list; widened and
+	// narrowed count those that steered the window either way.
+	takesSeen, widened, narrowed int
 }
 
-func (g *Gate) holdWatching(ctx context.Context) (*Holding, error) {
+func (g *Gate) holdWatching(ctx context.Context, start time.Time) (*Holding, error) {
 	w := &watchWaiter{
 		waiter: g.newWaiter(),
-		window: g.firstWindow,
 		lostAt: map[string]string{}, freeSince: map[string]time.Time{}, outside: map[int]bool{},
 		index: map[string]int{},
 	}
+	w.size, w.window = g.firstSubset()
 	for i := range g.cfg.Slots {
 		w.names = append(w.names, SlotName(g.cfg.Instance, i))
 		w.index[w.names[i]] = i
@@ -119,8 +132,16 @@ func (g *Gate) holdWatching(ctx context.Context) (*Holding, error) {
 			started := g.now()
 			h, err = w.follow(ctx, stream)
 			stream.Stop()
+			if h != nil {
+				// The window and target say how the wait was paced.
+				g.logAcquired(h, start, "window", w.window.Round(time.Millisecond).String(),
+					"target", w.target().Round(time.Millisecond).String(), "watching", w.watching())
+			}
 			if h != nil || ctx.Err() != nil {
 				return h, err
+			}
+			if errors.Is(err, errResubset) {
+				continue
 			}
 			lasted := g.now().Sub(started)
 			if lasted > time.Minute {
@@ -166,6 +187,7 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 	}
 	now := g.now()
 	old := w.leases
+	relist := w.since != nil
 	w.leases = map[string]*coordinationv1.Lease{}
 	if w.since == nil {
 		w.since = map[string]time.Time{}
@@ -186,9 +208,11 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 		}
 	}
 	w.rv = list.ResourceVersion
+	selector := w.chooseWatched(w.leases, now, relist)
+	w.takesSeen, w.widened, w.narrowed = 0, 0, 0
 	secs := int64((g.cfg.Resync + mrand.N(g.cfg.Resync+1)) / time.Second)
 	return g.leases.Watch(ctx, metav1.ListOptions{
-		LabelSelector: g.selector(), ResourceVersion: w.rv,
+		LabelSelector: selector.String(), ResourceVersion: w.rv,
 		AllowWatchBookmarks: true, TimeoutSeconds: &secs,
 	})
 }
@@ -197,7 +221,7 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 // when the watch ends and the slots should be listed again.
 func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Holding, error) {
 	g := w.g
-	var fire, expire, recheck, stall *time.Timer
+	var fire, expire, recheck, stall, resize *time.Timer
 	var fireAt, expireAt time.Time
 	stopTimer := func(t **time.Timer) {
 		if *t != nil {
@@ -209,6 +233,7 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 	defer stopTimer(&expire)
 	defer stopTimer(&recheck)
 	defer stopTimer(&stall)
+	defer stopTimer(&resize)
 	timerC := func(t *time.Timer) <-chan time.Time {
 		if t == nil {
 			return nil
@@ -259,6 +284,16 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 			}
 			if err := w.apply(ev); err != nil {
 				return nil, err
+			}
+			if _, change := w.resubsetTo(); change && resize == nil {
+				resize = time.NewTimer(w.resubsetDelay())
+			}
+		case <-timerC(resize):
+			resize = nil
+			if size, change := w.resubsetTo(); change {
+				g.log.Info("watching another number of pull slots", "from", w.size, "to", size, "of", g.cfg.Slots)
+				w.size = size
+				return nil, errResubset
 			}
 		case <-timerC(expire):
 			expire, expireAt = nil, time.Time{}
@@ -356,22 +391,28 @@ func (w *watchWaiter) steer(prev, cur *coordinationv1.Lease, now time.Time) {
 	if holder(cur) == w.id || (prev != nil && holder(prev) == holder(cur)) {
 		return // ours, or a renewal
 	}
+	w.takesSeen++
 	delay, err := time.ParseDuration(cur.Annotations[TakeDelayAnnotation])
 	if err != nil {
 		return // an older agent, or a takeover by polling
 	}
-	if seen {
+	if lag := max(now.Sub(freed)-delay, 0); seen && lag <= maxLatencySample {
 		// What this waiter saw of the hand-over, less the winner's delay,
 		// is the latency of a take: the winner's write and the watch
-		// bringing it here. It grows when the apiserver is busy.
-		lag := max(now.Sub(freed)-delay, 0)
+		// bringing it here. It grows when the apiserver is busy. A longer
+		// gap is no latency: the winner saw the slot free later than we
+		// did (it listed again meanwhile, say). Counting those raised the
+		// target, and with it every delay, to seconds at the end of a
+		// rollout of 1,000 nodes.
 		w.latency = (4*w.latency + lag) / 5
 	}
 	switch target := w.target(); {
 	case delay > target:
 		w.window = max(w.window*10/11, minWindow)
+		w.narrowed++
 	case delay < target:
 		w.window = min(w.window*11/10, maxWindow)
+		w.widened++
 	}
 }
 
@@ -425,7 +466,7 @@ func (w *watchWaiter) free(now time.Time) (free []int, nextExpiry time.Time) {
 	for i := range w.eligible() {
 		name := w.names[i]
 		l := w.leases[name]
-		if w.denied[i] || w.outside[i] {
+		if w.denied[i] || w.outside[i] || !w.isWatched(i) {
 			continue
 		}
 		if l == nil {
@@ -479,7 +520,7 @@ func (w *watchWaiter) take(ctx context.Context, i int) (*Holding, error) {
 	if holder(l) != "" {
 		g.log.Info("taking over expired pull slot", "slot", name, "previousHolder", holder(l))
 	}
-	next := g.takeover(l, w.id, now)
+	next := g.takeover(l, i, w.id, now)
 	if t, ok := w.freeSince[name]; ok {
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
@@ -521,7 +562,7 @@ func (w *watchWaiter) create(ctx context.Context, i int) (*Holding, error) {
 	w.recheckSeeded(ctx, i)
 	seed := !w.seeded
 	now := g.now()
-	created, err := g.create(ctx, g.newLease(name, w.id, now))
+	created, err := g.create(ctx, g.newLease(i, w.id, now))
 	switch {
 	case err == nil:
 		return g.newHolding(created, i, w.id, seed, now), nil

@@ -1,0 +1,194 @@
+package slots
+
+import (
+	"errors"
+	"maps"
+	"math"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+)
+
+// Watching some of the slots. Every event of a watched slot goes to every
+// waiter that watches it: with W waiters on all K slots, each hand-over
+// costs the apiserver about 2W sends and the waiters 2W decodes. At 1,000
+// nodes that fan-out, not the requests, is what made hand-overs late
+// (make scale). So a waiter of a large herd follows only some of the
+// slots, enough that each keeps about watchersPerSlot watchers, with one
+// set-based selector on LabelSlot.
+//
+// A waiter cannot count the others, but its steered window tells it: the
+// window settles where the first of the n waiters' uniform draws comes at
+// the target delay, about n × target / ln 2. From that a waiter sizes its
+// subset, and relists with another when the estimate leaves
+// [watchersPerSlot/4, 4 × watchersPerSlot]: one waiter's window wanders
+// by a factor of two or so around the others' (a lost race doubles it),
+// and a band half as wide had a herd of 1,000 relisting several times a
+// second for nothing. A herd that shrinks (the end
+// of a rollout) thus widens its subsets until every waiter watches all
+// slots again, as a small cluster does from the start.
+//
+// A slot nobody watches would idle. Three things keep that rare and
+// short: subsets hold at least minSubset slots, drawn afresh at every
+// list, so that the waiters of a slot leave it by taking any of theirs
+// and stay spread evenly; every list adds the slots it shows free; and
+// every list adds the slots it shows unchanged for their lease duration
+// since an earlier one (holders renew more often), whose holders may have
+// died (the slow resync lists every 5-10 min, so with W
+// waiters one lists every few seconds).
+const (
+	watchersPerSlot = 20
+	minSubset       = 2
+	// settleTakes is how many takes a waiter sees after a list before it
+	// judges its subset: the window moves a tenth per take.
+	settleTakes = 10
+	// A waiter that wants another subset lists again after a random
+	// delay within its window, at least minResubsetSpread and at most
+	// defaultResubsetSpread: a herd's waiters decide at the same take, and
+	// at 1,000 nodes their lists within 5 s slowed every hand-over then.
+	// The window is wide in a large herd and narrow in a small one, which
+	// must widen its subsets soon.
+	minResubsetSpread     = time.Second
+	defaultResubsetSpread = 10 * time.Second
+)
+
+// firstSubset is a new waiter's subset size and window. Knowing the herd,
+// it watches as many slots as leave watchersPerSlot watchers on each
+// were the whole herd waiting (a new DaemonSet, a new list), with the
+// window that many steer to. Not knowing it, it watches all slots, and
+// its window grows from firstWindow. Seeding watches all slots anyway.
+func (g *Gate) firstSubset() (size int, window time.Duration) {
+	k := g.cfg.Slots
+	if g.cfg.Herd == 0 {
+		return k, g.firstWindow
+	}
+	size = min(max((k*watchersPerSlot+g.cfg.Herd-1)/g.cfg.Herd, min(minSubset, k)), k)
+	perSlot := float64(g.cfg.Herd) * float64(size) / float64(k)
+	window = time.Duration(perSlot * float64(targetDelay) / math.Ln2)
+	return size, min(max(window, minWindow), maxWindow)
+}
+
+// errResubset ends a watch to list again and watch another subset.
+var errResubset = errors.New("watching another subset of the slots")
+
+// watching is how many slots the current watch follows.
+func (w *watchWaiter) watching() int {
+	if w.watched == nil {
+		return w.eligible()
+	}
+	return len(w.watched)
+}
+
+// isWatched says whether the current watch follows slot i.
+func (w *watchWaiter) isWatched(i int) bool {
+	return w.watched == nil || w.watched[i]
+}
+
+// chooseWatched picks the slots the next watch follows, from the Leases
+// listed at now, and returns the watch's selector. A relist (not the
+// first list of this wait) adds the slots that may lack watchers: at the
+// first, every slot of a new rollout is free or not yet made, and adding
+// them had a herd of 1,000 watch all slots until it listed again. All eligible slots while seeding (slot 0 says
+// when it ends), when the subset would be all of them, and when a slot
+// Lease lacks LabelSlot (made by an older agent; its next take adds it).
+func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now time.Time, relist bool) labels.Selector {
+	before := w.watching()
+	defer w.rescale(before)
+	base := labels.SelectorFromSet(labels.Set{LabelInstance: w.g.cfg.Instance, LabelComponent: LabelComponentSlot})
+	n := w.eligible()
+	w.watched, w.seedWatch = nil, !w.seeded
+	if !w.seeded || w.size >= n {
+		return base
+	}
+	for _, l := range listed {
+		if _, ok := l.Labels[LabelSlot]; !ok {
+			return base
+		}
+	}
+	watched := map[int]bool{}
+	for _, i := range mrand.Perm(n) {
+		if len(watched) == w.size {
+			break
+		}
+		if !w.denied[i] {
+			watched[i] = true
+		}
+	}
+	for i := range n {
+		l := listed[w.names[i]]
+		switch {
+		case w.denied[i], !relist:
+		case l == nil, holder(l) == "":
+			watched[i] = true // free: maybe nobody else watches it
+		case !now.Before(w.since[l.Name].Add(w.g.duration(l))):
+			watched[i] = true // unchanged for its duration since an earlier list: its holder may be dead
+		}
+	}
+	if len(watched) >= n {
+		return base
+	}
+	w.watched = watched
+	var values []string
+	for _, i := range slices.Sorted(maps.Keys(watched)) {
+		values = append(values, strconv.Itoa(i))
+	}
+	req, err := labels.NewRequirement(LabelSlot, selection.In, values)
+	if err != nil { // the values are small integers: cannot happen
+		w.watched = nil
+		return base
+	}
+	return base.Add(*req)
+}
+
+// resubsetDelay is how long to wait before listing for another subset.
+func (w *watchWaiter) resubsetDelay() time.Duration {
+	spread := min(max(w.window, minResubsetSpread), w.g.resubsetSpread)
+	return mrand.N(spread + 1)
+}
+
+// rescale keeps the window in step with a new subset: the watchers per
+// slot, and with them the window the steering would settle at, scale with
+// the number of slots each waiter watches.
+func (w *watchWaiter) rescale(before int) {
+	if after := w.watching(); after != before && before > 0 {
+		w.window = min(max(time.Duration(int64(w.window)*int64(after)/int64(before)), minWindow), maxWindow)
+	}
+}
+
+// resubsetTo says whether to list again to watch another subset, and of
+// what size: once seeding has ended under a watch of all slots, and when
+// the window asks for another size.
+func (w *watchWaiter) resubsetTo() (int, bool) {
+	if !w.seeded {
+		return 0, false
+	}
+	if w.seedWatch && w.size < w.eligible() {
+		return w.size, true
+	}
+	size := w.wantSize()
+	return size, size != w.size
+}
+
+// wantSize is the subset size the window asks for: the current one until
+// settleTakes takes were seen and the window has found its level (takes
+// steered it both ways: a herd's first window, 5 s, grows for a few
+// seconds before it says how many wait, and judging it earlier made every
+// waiter of 1,000 relist two or three times), and while the estimated
+// watchers per slot stay within a factor of four of watchersPerSlot.
+func (w *watchWaiter) wantSize() int {
+	n := w.eligible()
+	if !w.seeded || w.takesSeen < settleTakes || w.widened == 0 || w.narrowed == 0 {
+		return w.size
+	}
+	perSlot := math.Ln2 * float64(w.window) / float64(w.target())
+	if perSlot >= watchersPerSlot/4 && perSlot <= 4*watchersPerSlot {
+		return w.size
+	}
+	want := int(math.Ceil(float64(w.watching()) * watchersPerSlot / perSlot))
+	return min(max(want, min(minSubset, n)), n)
+}

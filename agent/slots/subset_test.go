@@ -1,0 +1,311 @@
+package slots
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// subsetWaiter is a watchWaiter of a K-slot gate, outside any Hold.
+func subsetWaiter(t *testing.T, cfg Config) *watchWaiter {
+	t.Helper()
+	g := newFakeAPI(t).gate(t, cfg, 0)
+	w := &watchWaiter{waiter: g.newWaiter(), window: time.Second, size: cfg.Slots, index: map[string]int{}, since: map[string]time.Time{}}
+	for i := range cfg.Slots {
+		w.names = append(w.names, SlotName(cfg.Instance, i))
+		w.index[w.names[i]] = i
+		w.since[w.names[i]] = time.Now()
+	}
+	return w
+}
+
+// heldSlots are k slot Leases, each held and carrying its index label.
+func heldSlots(k int) map[string]*coordinationv1.Lease {
+	leases := map[string]*coordinationv1.Lease{}
+	for i := range k {
+		l := &coordinationv1.Lease{}
+		l.Name, l.ResourceVersion = SlotName("demo", i), "v"+strconv.Itoa(i)
+		l.Labels = map[string]string{LabelInstance: "demo", LabelComponent: LabelComponentSlot, LabelSlot: strconv.Itoa(i)}
+		other := "other-" + strconv.Itoa(i)
+		l.Spec.HolderIdentity = &other
+		leases[l.Name] = l
+	}
+	return leases
+}
+
+// slotValues are the slot indexes a watch selector picks, nil for all.
+func slotValues(t *testing.T, sel string) []int {
+	t.Helper()
+	parsed, err := labels.Parse(sel)
+	if err != nil {
+		t.Fatalf("selector %q: %v", sel, err)
+	}
+	reqs, _ := parsed.Requirements()
+	for _, r := range reqs {
+		if r.Key() != LabelSlot {
+			continue
+		}
+		var out []int
+		for _, v := range r.Values().UnsortedList() {
+			i, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("selector %q: slot %q", sel, v)
+			}
+			out = append(out, i)
+		}
+		slices.Sort(out)
+		return out
+	}
+	return nil
+}
+
+func TestChooseWatched(t *testing.T) {
+	const k = 6
+	tests := []struct {
+		name string
+		cfg  Config
+		size int
+		// change alters the listed Leases; unchanged were first seen at
+		// their current version an hour ago; denied are refused slots.
+		change    func(map[string]*coordinationv1.Lease)
+		unchanged []int
+		denied    []int
+		// wantAll: the watch follows every slot. Otherwise must are in the
+		// subset, and its size is within [minLen, maxLen].
+		wantAll        bool
+		must           []int
+		minLen, maxLen int
+		// first: the first list of the wait.
+		first bool
+	}{
+		{name: "while seeding", cfg: Config{SeedNodes: 1}, size: 2, wantAll: true},
+		{name: "size K", size: k, wantAll: true},
+		{name: "a Lease without the index label", size: 2, wantAll: true,
+			change: func(m map[string]*coordinationv1.Lease) { delete(m[SlotName("demo", 3)].Labels, LabelSlot) }},
+		{name: "subset", size: 2, minLen: 2, maxLen: 2},
+		{name: "free and absent slots join", size: 2, must: []int{3, 5}, minLen: 2, maxLen: 4,
+			change: func(m map[string]*coordinationv1.Lease) {
+				m[SlotName("demo", 3)].Spec.HolderIdentity = nil
+				delete(m, SlotName("demo", 5))
+			}},
+		{name: "the first list adds none", size: 2, minLen: 2, maxLen: 2, first: true, unchanged: []int{4},
+			change: func(m map[string]*coordinationv1.Lease) {
+				m[SlotName("demo", 3)].Spec.HolderIdentity = nil
+				delete(m, SlotName("demo", 5))
+			}},
+		{name: "a slot unchanged for its duration joins", size: 2, must: []int{4}, minLen: 2, maxLen: 3, unchanged: []int{4}},
+		{name: "refused slots never", size: 2, denied: []int{1, 2, 3, 4, 5}, must: []int{0}, minLen: 1, maxLen: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			cfg.Slots, cfg.Instance = k, "demo"
+			w := subsetWaiter(t, cfg)
+			w.size = tt.size
+			for _, i := range tt.denied {
+				w.denied[i] = true
+			}
+			for _, i := range tt.unchanged {
+				w.since[w.names[i]] = time.Now().Add(-time.Hour)
+			}
+			listed := heldSlots(k)
+			if tt.change != nil {
+				tt.change(listed)
+			}
+			sel := w.chooseWatched(listed, time.Now(), !tt.first)
+			got := slotValues(t, sel.String())
+			if tt.wantAll {
+				if got != nil || w.watched != nil {
+					t.Fatalf("watching %v (selector %q), want all", w.watched, sel)
+				}
+				return
+			}
+			if !slices.Equal(got, slices.Sorted(maps.Keys(w.watched))) {
+				t.Errorf("selector %q, watched %v", sel, w.watched)
+			}
+			if len(got) < tt.minLen || len(got) > tt.maxLen {
+				t.Errorf("watching %v, want %d to %d slots", got, tt.minLen, tt.maxLen)
+			}
+			for _, i := range tt.must {
+				if !slices.Contains(got, i) {
+					t.Errorf("watching %v, want slot %d among them", got, i)
+				}
+			}
+			for _, i := range tt.denied {
+				if slices.Contains(got, i) {
+					t.Errorf("watching refused slot %d", i)
+				}
+			}
+			// The window follows: watchers per slot scale with the subset.
+			if want := time.Second * time.Duration(len(got)) / k; w.window != want {
+				t.Errorf("window %v after watching %d of %d slots, want %v", w.window, len(got), k, want)
+			}
+		})
+	}
+}
+
+func TestWantSize(t *testing.T) {
+	// perSlot estimates ln2 × window / target watchers per slot; the target
+	// is targetDelay here.
+	window := func(perSlot float64) time.Duration {
+		return time.Duration(perSlot / 0.6931471805599453 * float64(targetDelay))
+	}
+	tests := []struct {
+		name      string
+		slots     int
+		size      int
+		takesSeen int
+		perSlot   float64
+		want      int
+	}{
+		{"too few takes seen to judge", 10, 10, settleTakes - 1, 1000, 10},
+		{"a window still growing", 10, 10, -settleTakes, 1000, 10},
+		{"within the band", 10, 4, settleTakes, watchersPerSlot, 4},
+		{"a large herd on all slots", 10, 10, settleTakes, 500, minSubset},
+		{"a large herd, K=50", 50, 50, settleTakes, 1000, minSubset},
+		{"many per slot, but few slots watched", 50, 2, settleTakes, 100, minSubset},
+		{"a lost race's doubled window changes nothing", 50, 2, settleTakes, 4 * watchersPerSlot, 2},
+		{"nor a window half as wide as the others'", 50, 4, settleTakes, watchersPerSlot/4 + 0.5, 4},
+		{"a shrinking herd widens", 10, 2, settleTakes, 4.5, 9},
+		{"down to all slots", 10, 5, settleTakes, 2, 10},
+		{"already all", 10, 10, settleTakes, 1, 10},
+		{"one slot", 1, 1, settleTakes, 1000, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := subsetWaiter(t, Config{Slots: tt.slots, Instance: "demo"})
+			w.size, w.takesSeen, w.window = tt.size, tt.takesSeen, window(tt.perSlot)
+			w.widened, w.narrowed = 1, 1
+			if tt.takesSeen < 0 { // all early
+				w.takesSeen, w.widened, w.narrowed = -tt.takesSeen, -tt.takesSeen, 0
+			}
+			if tt.size < tt.slots {
+				w.watched = map[int]bool{}
+				for i := range tt.size {
+					w.watched[i] = true
+				}
+			}
+			if got := w.wantSize(); got != tt.want {
+				t.Errorf("wantSize %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// watchSelectors are the label selectors of the watches made so far.
+func (f *fakeAPI) watchSelectors() []string {
+	var out []string
+	for _, a := range f.cs.Actions() {
+		if wa, ok := a.(k8stesting.WatchAction); ok {
+			if r := wa.GetWatchRestrictions(); r.Labels != nil {
+				out = append(out, r.Labels.String())
+			}
+		}
+	}
+	return out
+}
+
+// A waiter whose window says that many waiters share the slots lists
+// again and watches a few of them; a slot freed outside those is not seen
+// until the next list, which adds it because it is free.
+func TestLargeHerdWatchesASubset(t *testing.T) {
+	const k = 10
+	f := newFakeAPI(t)
+	for name, l := range heldSlots(k) {
+		f.write(t, name, func(n *coordinationv1.Lease) { n.Labels, n.Spec = l.Labels, l.Spec })
+	}
+	g := f.gate(t, Config{Slots: k, LeaseDuration: time.Hour}, 0)
+	// A window of many waiters: 60 s at a 70 ms target is about 600 per
+	// slot.
+	g.firstWindow = time.Minute
+	g.resubsetSpread = time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := waiters(ctx, t, g, 1)
+	time.Sleep(100 * time.Millisecond)
+	// Others hand slots over. The slot is never seen
+	// free, so that the waiter cannot take it.
+	takes := 0
+	handOver := func(i int) {
+		name := SlotName("demo", i)
+		takes++
+		f.write(t, name, func(l *coordinationv1.Lease) {
+			next := "next-" + strconv.Itoa(takes)
+			l.Spec.HolderIdentity = &next
+			delay := targetDelay / 2 // early and late in turn: the window holds
+			if i%2 == 1 {
+				delay = 2 * targetDelay
+			}
+			l.Annotations = map[string]string{TakeDelayAnnotation: delay.String()}
+		})
+	}
+	var subset []int
+	for round := 0; subset == nil && round < 10; round++ {
+		for i := range k {
+			handOver(i)
+		}
+		time.Sleep(50 * time.Millisecond)
+		sels := f.watchSelectors()
+		subset = slotValues(t, sels[len(sels)-1])
+	}
+	if len(subset) < minSubset || len(subset) >= k {
+		t.Fatalf("watching %v after many hand-overs, want a subset of %d or more", subset, minSubset)
+	}
+	var outside int
+	for i := range k {
+		if !slices.Contains(subset, i) {
+			outside = i
+			break
+		}
+	}
+	name := SlotName("demo", outside)
+	f.write(t, name, func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = nil })
+	lists := f.listCount()
+	f.endWatches()
+	h := <-got
+	defer h.Release()
+	if h.Name() != name {
+		t.Errorf("took %s, want the freed %s", h.Name(), name)
+	}
+	if f.listCount() <= lists {
+		t.Errorf("took a slot it does not watch without listing again")
+	}
+}
+
+// A waiter that knows the herd starts with the subset and window the herd
+// would steer it to; one that does not starts with all slots.
+func TestFirstSubset(t *testing.T) {
+	perSlot := func(n float64) time.Duration { return time.Duration(n * float64(targetDelay) / 0.6931471805599453) }
+	tests := []struct {
+		name       string
+		slots      int
+		herd       int
+		wantSize   int
+		wantWindow time.Duration
+	}{
+		{"herd unknown", 10, 0, 10, initialWindow},
+		{"1,000 nodes, K=10", 10, 1000, minSubset, perSlot(200)},
+		{"1,000 nodes, K=50", 50, 1000, minSubset, perSlot(40)},
+		{"100 nodes, K=10", 10, 100, minSubset, perSlot(20)},
+		{"40 nodes, K=10", 10, 40, 5, perSlot(20)},
+		{"12 nodes, K=10: all slots", 10, 12, 10, perSlot(12)},
+		{"one slot", 1, 1000, 1, perSlot(1000)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newFakeAPI(t).gate(t, Config{Slots: tt.slots, Herd: tt.herd}, 0)
+			g.firstWindow = initialWindow
+			size, window := g.firstSubset()
+			if size != tt.wantSize || (window-tt.wantWindow).Abs() > time.Millisecond {
+				t.Errorf("first subset %d, window %v; want %d, %v", size, window, tt.wantSize, tt.wantWindow)
+			}
+		})
+	}
+}
