@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
@@ -33,7 +36,7 @@ type GateConfig struct {
 
 // NewGate is the herd-control seam: with --max-concurrent-nodes=K > 0 a
 // node pulls only while it holds one of K Lease slots (see agent/slots).
-func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
+func NewGate(ctx context.Context, cfg GateConfig) (pull.Gate, error) {
 	if cfg.MaxConcurrentNodes == 0 {
 		if cfg.SeedNodes > 0 {
 			return nil, errors.New("--seed-nodes needs --max-concurrent-nodes")
@@ -50,6 +53,7 @@ func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
 		Slots:     cfg.MaxConcurrentNodes,
 		SeedNodes: cfg.SeedNodes,
 		SeedKey:   cfg.SeedKey,
+		Herd:      HerdSize(ctx, cfg.Kube, cfg.Namespace, cfg.Pod, cfg.Log),
 		Identity:  cmp.Or(cfg.Pod, cfg.Node),
 		Logger:    cfg.Log,
 	})
@@ -57,6 +61,32 @@ func NewGate(_ context.Context, cfg GateConfig) (pull.Gate, error) {
 		return nil, err
 	}
 	return slotGate{g}, nil
+}
+
+// herdTimeout bounds reading the herd's size: it only tunes the wait.
+const herdTimeout = 5 * time.Second
+
+// HerdSize is how many pods the agent's DaemonSet wants (its status's
+// desiredNumberScheduled): the most nodes that may wait for a pull slot at
+// once, from which a waiter sizes the part of the slots it watches
+// (agent/slots). 0 when it cannot be told: outside a DaemonSet's pod, or
+// the read fails; the waiters then find the size themselves.
+func HerdSize(ctx context.Context, k kube.Interface, namespace, pod string, log *slog.Logger) int {
+	getter, ok := k.(kube.DaemonSetGetter)
+	name, named := coverage.DaemonSetName(pod)
+	if !ok || !named || namespace == "" {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, herdTimeout)
+	defer cancel()
+	ds, err := getter.DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		if log != nil {
+			log.Info("cannot read the DaemonSet's size; waiting for a pull slot without it", "daemonSet", name, "err", err)
+		}
+		return 0
+	}
+	return int(max(ds.Status.DesiredNumberScheduled, 0))
 }
 
 // slotGate lets the puller see when a slot is lost.

@@ -12,12 +12,18 @@ import (
 )
 
 // DaemonSet is the part of an apps/v1 DaemonSet the agent reads: whether
-// it is being deleted, and which nodes its pods may run on. It is decoded
+// it is being deleted, which nodes its pods may run on, and how many. It is decoded
 // from JSON rather than through k8s.io/api/apps/v1, whose types the agent
 // binary does not otherwise need (see the package comment on footprint).
 type DaemonSet struct {
 	metav1.ObjectMeta `json:"metadata"`
-	Spec              DaemonSetSpec `json:"spec"`
+	Spec              DaemonSetSpec   `json:"spec"`
+	Status            DaemonSetStatus `json:"status"`
+}
+
+// DaemonSetStatus holds how many nodes should run the DaemonSet's pod.
+type DaemonSetStatus struct {
+	DesiredNumberScheduled int32 `json:"desiredNumberScheduled"`
 }
 
 // DaemonSetSpec holds the pod template's node selection.

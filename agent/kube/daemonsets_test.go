@@ -18,7 +18,8 @@ func TestDaemonSetGet(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.body = `{"apiVersion":"apps/v1","kind":"DaemonSet","metadata":{"name":"image-prefetcher-demo","namespace":"ns","deletionTimestamp":"2026-11-24T00:00:00Z"},` +
-		`"spec":{"template":{"spec":{"nodeSelector":{"pool":"gpu"},"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"zone","operator":"In","values":["a"]}]}]}}}}}}}`
+		`"spec":{"template":{"spec":{"nodeSelector":{"pool":"gpu"},"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"zone","operator":"In","values":["a"]}]}]}}}}}},` +
+		`"status":{"desiredNumberScheduled":1000}}`
 	ds, err := c.DaemonSets("ns").Get(context.Background(), "image-prefetcher-demo", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +32,8 @@ func TestDaemonSetGet(t *testing.T) {
 	}
 	spec := ds.Spec.Template.Spec
 	if ds.Name != "image-prefetcher-demo" || ds.DeletionTimestamp == nil || spec.NodeSelector["pool"] != "gpu" ||
-		spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "zone" {
+		spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "zone" ||
+		ds.Status.DesiredNumberScheduled != 1000 {
 		t.Errorf("decoded %+v", ds)
 	}
 	s.status, s.body = http.StatusNotFound, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"details":{"name":"x","group":"apps","kind":"daemonsets"}}`

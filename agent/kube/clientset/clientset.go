@@ -46,5 +46,6 @@ func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions
 	out := &kube.DaemonSet{ObjectMeta: ds.ObjectMeta}
 	out.Spec.Template.Spec.NodeSelector = ds.Spec.Template.Spec.NodeSelector
 	out.Spec.Template.Spec.Affinity = ds.Spec.Template.Spec.Affinity
+	out.Status.DesiredNumberScheduled = ds.Status.DesiredNumberScheduled
 	return out, nil
 }
