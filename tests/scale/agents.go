@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -32,17 +33,23 @@ const agentsEnv = "IMAGE_PREFETCHER_SCALE_AGENTS"
 // agentsSpec is what one agents process runs, sent as the first line of
 // its stdin. The second line, "go", starts every agent at once.
 type agentsSpec struct {
-	Host      string    `json:"host"`
-	CAData    []byte    `json:"caData"`
-	Namespace string    `json:"namespace"`
-	Instance  string    `json:"instance"`
-	Slots     int       `json:"slots"`
-	SeedNodes int       `json:"seedNodes"`
-	SeedKey   string    `json:"seedKey"`
-	Poll      bool      `json:"poll"`
-	Images    []Image   `json:"images"`
-	Socket    string    `json:"socket"`
-	Agents    []agentID `json:"agents"`
+	Host      string `json:"host"`
+	CAData    []byte `json:"caData"`
+	Namespace string `json:"namespace"`
+	Instance  string `json:"instance"`
+	Slots     int    `json:"slots"`
+	SeedNodes int    `json:"seedNodes"`
+	SeedKey   string `json:"seedKey"`
+	// Herd is the run's node count: what each agent reads from its
+	// DaemonSet's status.desiredNumberScheduled (cli.HerdSize), which no
+	// controller fills in here.
+	Herd   int       `json:"herd"`
+	Poll   bool      `json:"poll"`
+	Images []Image   `json:"images"`
+	Socket string    `json:"socket"`
+	Agents []agentID `json:"agents"`
+	// CPUProfile, if set, receives the process's CPU profile.
+	CPUProfile string `json:"cpuProfile,omitempty"`
 	// Parallelism is the agent's --parallelism.
 	Parallelism int `json:"parallelism"`
 }
@@ -132,6 +139,17 @@ func runAgents(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) e
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
 	}
+	if spec.CPUProfile != "" {
+		f, err := os.Create(spec.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	w := bufio.NewWriterSize(stdout, 1<<16)
 	em := &emitter{w: w, enc: json.NewEncoder(w)}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -219,6 +237,7 @@ func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers 
 		Slots:     spec.Slots,
 		SeedNodes: spec.SeedNodes,
 		SeedKey:   spec.SeedKey,
+		Herd:      spec.Herd,
 		Identity:  id.Pod,
 		Poll:      spec.Poll,
 		Logger:    log,

@@ -78,6 +78,10 @@ type Options struct {
 	Progress io.Writer
 	// KeepLogs, if set, receives the agents' and the apiserver's logs.
 	KeepLogs string
+	// CPUProfiles, if set, receives a CPU profile of every agents process
+	// (<run>-<process>.pprof; read with go tool pprof and the harness's
+	// binary): where the agents' time goes.
+	CPUProfiles string
 }
 
 const (
@@ -312,12 +316,15 @@ func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]
 	for p := 0; p*per < cfg.Nodes; p++ {
 		spec := agentsSpec{
 			Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
-			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Poll: cfg.Poll,
+			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Herd: cfg.Nodes, Poll: cfg.Poll,
 			Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
 		}
 		for i := p * per; i < min((p+1)*per, cfg.Nodes); i++ {
 			id := h.ids[i]
 			spec.Agents = append(spec.Agents, agentID{Index: i, Node: id.Node, Pod: id.Pod, Token: id.Token})
+		}
+		if h.opts.CPUProfiles != "" {
+			spec.CPUProfile = filepath.Join(h.opts.CPUProfiles, fmt.Sprintf("%s-%d.pprof", cfg.Name(), p))
 		}
 		line, err := json.Marshal(spec)
 		if err != nil {

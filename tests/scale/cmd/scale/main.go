@@ -48,6 +48,7 @@ func run() error {
 	flag.IntVar(&opts.Parallelism, "parallelism", 4, "agent --parallelism (images at once per node)")
 	flag.IntVar(&opts.Procs, "procs", 4, "agents processes to spread the agents over")
 	flag.StringVar(&opts.KeepLogs, "keep-logs", "", "copy the apiserver's and the agents' logs into this directory")
+	flag.StringVar(&opts.CPUProfiles, "cpu-profiles", "", "write a CPU profile of every agents process into this directory (it must exist)")
 	flag.StringVar(&out, "out", "docs/scale.md", "report to write")
 	flag.StringVar(&plotFile, "plot", "docs/scale-completion.png", "plot to write (PNG)")
 	flag.Parse()
