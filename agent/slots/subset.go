@@ -22,10 +22,13 @@ import (
 // slots, enough that each keeps about watchersPerSlot watchers, with one
 // set-based selector on LabelSlot.
 //
-// A waiter cannot count the others, but its steered window tells it: the
-// window settles where the first of the n waiters' uniform draws comes at
-// the target delay, about n × target / ln 2. From that a waiter sizes its
-// subset, and relists with another when the estimate leaves
+// The herd's size, when the agent could read it (Config.Herd), gives the
+// first subset, and the takes a waiter sees tell how much of the herd is
+// left. Otherwise a waiter cannot count the others, but its steered window
+// tells it: the window settles where the first of the n waiters' uniform
+// draws comes at the target delay, about n × target / ln 2. From either
+// estimate a waiter sizes its subset, and relists with another when it
+// leaves
 // [watchersPerSlot/4, 4 × watchersPerSlot]: one waiter's window wanders
 // by a factor of two or so around the others' (a lost race doubles it),
 // and a band half as wide had a herd of 1,000 relisting several times a
@@ -174,21 +177,36 @@ func (w *watchWaiter) resubsetTo() (int, bool) {
 	return size, size != w.size
 }
 
-// wantSize is the subset size the window asks for: the current one until
-// settleTakes takes were seen and the window has found its level (takes
-// steered it both ways: a herd's first window, 5 s, grows for a few
-// seconds before it says how many wait, and judging it earlier made every
-// waiter of 1,000 relist two or three times), and while the estimated
-// watchers per slot stay within a factor of four of watchersPerSlot.
+// wantSize is the subset size that keeps about watchersPerSlot watchers on
+// each slot; the current one while the estimate stays within a factor of
+// four of that. With a known herd, the estimate counts takes: each one
+// seen on a watched slot is about K ÷ (slots watched) takes in all, that
+// many nodes fewer waiting. (The window, below, lags a draining herd: at
+// 1,000 nodes and K = 50 a waiter of two slots sees a take every 2.5 s,
+// and the last 200 nodes found their subsets thin for seconds.) Without
+// the herd, the window tells, once settleTakes takes were seen and it has
+// found its level (takes steered it both ways: a first window of 5 s
+// grows for a few seconds before it says how many wait).
 func (w *watchWaiter) wantSize() int {
 	n := w.eligible()
-	if !w.seeded || w.takesSeen < settleTakes || w.widened == 0 || w.narrowed == 0 {
+	if !w.seeded {
 		return w.size
 	}
-	perSlot := math.Ln2 * float64(w.window) / float64(w.target())
+	var perSlot float64
+	switch {
+	case w.g.cfg.Herd > 0:
+		perSlot = max(w.herdLeft, 0) * float64(w.watching()) / float64(w.g.cfg.Slots)
+	case w.takesSeen < settleTakes || w.widened == 0 || w.narrowed == 0:
+		return w.size
+	default:
+		perSlot = math.Ln2 * float64(w.window) / float64(w.target())
+	}
 	if perSlot >= watchersPerSlot/4 && perSlot <= 4*watchersPerSlot {
 		return w.size
 	}
-	want := int(math.Ceil(float64(w.watching()) * watchersPerSlot / perSlot))
-	return min(max(want, min(minSubset, n)), n)
+	if perSlot <= 0 {
+		return n // the herd is gone, by the count: the last waiters watch all
+	}
+	want := int(math.Min(math.Ceil(float64(w.watching())*watchersPerSlot/perSlot), float64(n)))
+	return max(want, min(minSubset, n))
 }

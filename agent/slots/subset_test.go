@@ -199,6 +199,50 @@ func TestWantSize(t *testing.T) {
 	}
 }
 
+// With a known herd, the takes seen tell how many still wait: a waiter of
+// two slots among 50 counts each take it sees as 25 nodes gone.
+func TestWantSizeCountsTakes(t *testing.T) {
+	tests := []struct {
+		name     string
+		herdLeft float64
+		watching int
+		want     int
+	}{
+		{"the whole herd waits", 1000, 2, 2},
+		{"a fifth of it: still 8 per slot", 200, 2, 2},
+		{"a tenth: 4 per slot, widen to 20", 100, 2, 10},
+		{"all gone by the count", -25, 2, 50},
+		{"a widened subset holds", 100, 10, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := subsetWaiter(t, Config{Slots: 50, Instance: "demo", Herd: 1000})
+			w.size, w.herdLeft = tt.watching, tt.herdLeft
+			w.watched = map[int]bool{}
+			for i := range tt.watching {
+				w.watched[i] = true
+			}
+			if got := w.wantSize(); got != tt.want {
+				t.Errorf("wantSize %d, want %d", got, tt.want)
+			}
+		})
+	}
+	// Every take seen counts.
+	w := subsetWaiter(t, Config{Slots: 50, Instance: "demo", Herd: 1000})
+	w.size, w.herdLeft, w.watched = 2, 1000, map[int]bool{0: true, 1: true}
+	w.leases = map[string]*coordinationv1.Lease{}
+	w.freeSince, w.lostAt, w.outside = map[string]time.Time{}, map[string]string{}, map[int]bool{}
+	a, b := "a", "b"
+	prev := &coordinationv1.Lease{}
+	prev.Name, prev.Spec.HolderIdentity = SlotName("demo", 0), &a
+	cur := prev.DeepCopy()
+	cur.Spec.HolderIdentity = &b
+	w.steer(prev, cur, time.Now())
+	if w.herdLeft != 975 {
+		t.Errorf("herd left %v after one take seen on 2 of 50 slots, want 975", w.herdLeft)
+	}
+}
+
 // watchSelectors are the label selectors of the watches made so far.
 func (f *fakeAPI) watchSelectors() []string {
 	var out []string

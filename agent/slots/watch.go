@@ -111,6 +111,8 @@ type watchWaiter struct {
 	// takesSeen counts others' takes since the last list; widened and
 	// narrowed count those that steered the window either way.
 	takesSeen, widened, narrowed int
+	// herdLeft estimates how many of a known herd still wait (subset.go).
+	herdLeft float64
 }
 
 func (g *Gate) holdWatching(ctx context.Context, start time.Time) (*Holding, error) {
@@ -120,6 +122,7 @@ func (g *Gate) holdWatching(ctx context.Context, start time.Time) (*Holding, err
 		index: map[string]int{},
 	}
 	w.size, w.window = g.firstSubset()
+	w.herdLeft = float64(g.cfg.Herd)
 	for i := range g.cfg.Slots {
 		w.names = append(w.names, SlotName(g.cfg.Instance, i))
 		w.index[w.names[i]] = i
@@ -392,6 +395,9 @@ func (w *watchWaiter) steer(prev, cur *coordinationv1.Lease, now time.Time) {
 		return // ours, or a renewal
 	}
 	w.takesSeen++
+	// Each take seen is about K/watching takes in all: that many nodes of
+	// the herd are no longer waiting.
+	w.herdLeft -= float64(w.g.cfg.Slots) / float64(w.watching())
 	delay, err := time.ParseDuration(cur.Annotations[TakeDelayAnnotation])
 	if err != nil {
 		return // an older agent, or a takeover by polling
