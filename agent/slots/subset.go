@@ -104,12 +104,13 @@ func (w *watchWaiter) isWatched(i int) bool {
 }
 
 // chooseWatched picks the slots the next watch follows, from the Leases
-// listed at now, and returns the watch's selector. A relist (not the
-// first list of this wait) adds the slots that may lack watchers: at the
-// first, every slot of a new rollout is free or not yet made, and adding
-// them had a herd of 1,000 watch all slots until it listed again. All eligible slots while seeding (slot 0 says
-// when it ends), when the subset would be all of them, and when a slot
-// Lease lacks LabelSlot (made by an older agent; its next take adds it).
+// listed at now, and returns the watch's selector. It picks all eligible
+// slots while seeding (slot 0 says when it ends), when the subset would
+// be all of them, and when a slot Lease lacks LabelSlot (made by an older
+// agent; its next take adds it). A relist (not the first list of this
+// wait) adds the slots that may lack watchers: at the first, every slot
+// of a new rollout is free or not yet made, and adding them had a herd of
+// 1,000 watch all slots until it listed again.
 func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now time.Time, relist bool) labels.Selector {
 	before := w.watching()
 	defer w.rescale(before)
