@@ -42,11 +42,13 @@ import (
 // A slot nobody watches would idle. Three things keep that rare and
 // short: subsets hold at least minSubset slots, drawn afresh at every
 // list, so that the waiters of a slot leave it by taking any of theirs
-// and stay spread evenly; every list adds the slots it shows free; and
-// every list adds the slots it shows unchanged for their lease duration
-// since an earlier one (holders renew more often), whose holders may have
-// died (the slow resync lists every 5-10 min, so with W
-// waiters one lists every few seconds).
+// and stay spread evenly; every relist adds the slots it shows free, and
+// those it shows unchanged for their lease duration since an earlier list
+// (holders renew more often), whose holders may have died (the slow
+// resync lists every 5-10 min, so with W waiters one lists every few
+// seconds); and a first list whose subset has no free slot adds one that
+// is free, so that a node joining a quiet cluster does not wait on two
+// busy slots while others are free.
 const (
 	watchersPerSlot = 20
 	watchAllBelow   = 500
@@ -134,14 +136,33 @@ func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now
 			watched[i] = true
 		}
 	}
+	free := func(i int) bool {
+		l := listed[w.names[i]]
+		return !w.denied[i] && (l == nil || holder(l) == "")
+	}
 	for i := range n {
 		l := listed[w.names[i]]
 		switch {
-		case w.denied[i], !relist:
-		case l == nil, holder(l) == "":
-			watched[i] = true // free: maybe nobody else watches it
-		case !now.Before(w.since[l.Name].Add(w.g.duration(l))):
+		case !relist:
+		case free(i):
+			watched[i] = true // maybe nobody else watches it
+		case l != nil && !w.denied[i] && !now.Before(w.since[l.Name].Add(w.g.duration(l))):
 			watched[i] = true // unchanged for its duration since an earlier list: its holder may be dead
+		}
+	}
+	hasFree := false
+	for i := range watched {
+		hasFree = hasFree || free(i)
+	}
+	if !relist && !hasFree {
+		var frees []int
+		for i := range n {
+			if free(i) {
+				frees = append(frees, i)
+			}
+		}
+		if len(frees) > 0 {
+			watched[frees[mrand.IntN(len(frees))]] = true
 		}
 	}
 	if len(watched) >= n {

@@ -82,8 +82,10 @@ func TestChooseWatched(t *testing.T) {
 		wantAll        bool
 		must           []int
 		minLen, maxLen int
-		// first: the first list of the wait.
-		first bool
+		// first: the first list of the wait. mustOne: at least one of
+		// these is in the subset.
+		first   bool
+		mustOne []int
 	}{
 		{name: "while seeding", cfg: Config{SeedNodes: 1}, size: 2, wantAll: true},
 		{name: "size K", size: k, wantAll: true},
@@ -95,11 +97,14 @@ func TestChooseWatched(t *testing.T) {
 				m[SlotName("demo", 3)].Spec.HolderIdentity = nil
 				delete(m, SlotName("demo", 5))
 			}},
-		{name: "the first list adds none", size: 2, minLen: 2, maxLen: 2, first: true, unchanged: []int{4},
+		{name: "the first list adds no stale slot, and a free one only if it has none", size: 2, minLen: 2, maxLen: 3, first: true, unchanged: []int{4},
+			mustOne: []int{3, 5},
 			change: func(m map[string]*coordinationv1.Lease) {
 				m[SlotName("demo", 3)].Spec.HolderIdentity = nil
 				delete(m, SlotName("demo", 5))
 			}},
+		{name: "a node joining a quiet cluster watches a free slot", size: 2, minLen: 2, maxLen: 3, first: true, must: []int{3},
+			change: func(m map[string]*coordinationv1.Lease) { m[SlotName("demo", 3)].Spec.HolderIdentity = nil }},
 		{name: "a slot unchanged for its duration joins", size: 2, must: []int{4}, minLen: 2, maxLen: 3, unchanged: []int{4}},
 		{name: "refused slots never", size: 2, denied: []int{1, 2, 3, 4, 5}, must: []int{0}, minLen: 1, maxLen: 1},
 	}
@@ -137,6 +142,9 @@ func TestChooseWatched(t *testing.T) {
 				if !slices.Contains(got, i) {
 					t.Errorf("watching %v, want slot %d among them", got, i)
 				}
+			}
+			if len(tt.mustOne) > 0 && !slices.ContainsFunc(tt.mustOne, func(i int) bool { return slices.Contains(got, i) }) {
+				t.Errorf("watching %v, want one of %v among them", got, tt.mustOne)
 			}
 			for _, i := range tt.denied {
 				if slices.Contains(got, i) {
