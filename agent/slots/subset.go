@@ -114,8 +114,7 @@ func (w *watchWaiter) isWatched(i int) bool {
 // of a new rollout is free or not yet made, and adding them had a herd of
 // 1,000 watch all slots until it listed again.
 func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now time.Time, relist bool) labels.Selector {
-	before := w.watching()
-	defer w.rescale(before)
+	defer w.rescale()
 	base := labels.SelectorFromSet(labels.Set{LabelInstance: w.g.cfg.Instance, LabelComponent: LabelComponentSlot})
 	n := w.eligible()
 	w.watched, w.seedWatch = nil, !w.seeded
@@ -189,11 +188,22 @@ func (w *watchWaiter) resubsetDelay() time.Duration {
 
 // rescale keeps the window in step with a new subset: the watchers per
 // slot, and with them the window the steering would settle at, scale with
-// the number of slots each waiter watches.
-func (w *watchWaiter) rescale(before int) {
-	if after := w.watching(); after != before && before > 0 {
-		w.window = min(max(time.Duration(int64(w.window)*int64(after)/int64(before)), minWindow), maxWindow)
+// the number of slots each waiter watches. The window is scaled from the
+// subset it was made for, which for the first list is firstSubset's:
+// scaling from all slots there had a herd of 1,000 start with windows a
+// 25th of their size, and lose 30 racers per hand-over in its first burst
+// (make scale). While seeding, the seed slots are all there is and the
+// window stays; when seeding ends, the watch follows all slots until the
+// next list, and the window scales to them (free calls rescale).
+func (w *watchWaiter) rescale() {
+	if !w.seeded {
+		return
 	}
+	after := w.watching()
+	if w.scaledFor > 0 && after != w.scaledFor {
+		w.window = min(max(time.Duration(int64(w.window)*int64(after)/int64(w.scaledFor)), minWindow), maxWindow)
+	}
+	w.scaledFor = after
 }
 
 // resubsetTo says whether to list again to watch another subset, and of

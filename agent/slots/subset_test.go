@@ -17,7 +17,8 @@ import (
 func subsetWaiter(t *testing.T, cfg Config) *watchWaiter {
 	t.Helper()
 	g := newFakeAPI(t).gate(t, cfg, 0)
-	w := &watchWaiter{waiter: g.newWaiter(), window: time.Second, size: cfg.Slots, index: map[string]int{}, since: map[string]time.Time{}}
+	// Its window of 1 s is sized for watching all slots.
+	w := &watchWaiter{waiter: g.newWaiter(), window: time.Second, size: cfg.Slots, scaledFor: cfg.Slots, index: map[string]int{}, since: map[string]time.Time{}}
 	for i := range cfg.Slots {
 		w.names = append(w.names, SlotName(cfg.Instance, i))
 		w.index[w.names[i]] = i
@@ -361,5 +362,61 @@ func TestFirstSubset(t *testing.T) {
 				t.Errorf("first subset %d, window %v; want %d, %v", size, window, tt.wantSize, tt.wantWindow)
 			}
 		})
+	}
+}
+
+// The first window of a known herd is sized for its first subset
+// (firstSubset): the first list keeps it, and only a later subset of
+// another size scales it.
+func TestFirstListKeepsTheFirstSubsetsWindow(t *testing.T) {
+	const k = 50
+	g := newFakeAPI(t).gate(t, Config{Slots: k, Instance: "demo", Herd: 1000, LeaseDuration: time.Hour}, 0)
+	w := &watchWaiter{waiter: g.newWaiter(), index: map[string]int{}, since: map[string]time.Time{}}
+	for i := range k {
+		w.names = append(w.names, SlotName("demo", i))
+		w.index[w.names[i]] = i
+		w.since[w.names[i]] = time.Now()
+	}
+	w.size, w.window = g.firstSubset()
+	w.scaledFor = w.size
+	first := w.window
+	w.chooseWatched(heldSlots(k), time.Now(), false)
+	if len(w.watched) != w.size || w.window != first {
+		t.Fatalf("first list: watching %d slots with window %v, want %d with the first subset's window %v", len(w.watched), w.window, w.size, first)
+	}
+	w.size = 2 * w.size
+	w.chooseWatched(heldSlots(k), time.Now(), true)
+	if want := 2 * first; len(w.watched) != w.size || w.window != want {
+		t.Errorf("relist for twice the slots: watching %d with window %v, want %d with %v", len(w.watched), w.window, w.size, want)
+	}
+}
+
+// While seeding, the window stays the first subset's; when seeding ends,
+// the watch follows all slots until the next list, and the window scales
+// to them.
+func TestSeedEndScalesTheWindowToAllSlots(t *testing.T) {
+	const k = 10
+	g := newFakeAPI(t).gate(t, Config{Slots: k, Instance: "demo", Herd: 1000, SeedNodes: 1, LeaseDuration: time.Hour}, 0)
+	w := &watchWaiter{waiter: g.newWaiter(), index: map[string]int{}, since: map[string]time.Time{}}
+	for i := range k {
+		w.names = append(w.names, SlotName("demo", i))
+		w.index[w.names[i]] = i
+	}
+	w.size, w.window = g.firstSubset()
+	w.scaledFor = w.size
+	first := w.window
+	w.leases = map[string]*coordinationv1.Lease{}
+	w.chooseWatched(w.leases, time.Now(), false)
+	w.free(time.Now())
+	if w.seeded || w.watched != nil || w.window != first {
+		t.Fatalf("seeding: seeded %v, watching %v, window %v; want the seed slot alone with window %v", w.seeded, w.watched, w.window, first)
+	}
+	seed := &coordinationv1.Lease{}
+	seed.Name = w.names[0]
+	seed.Annotations = map[string]string{SeededAnnotation: "true"}
+	w.leases[seed.Name] = seed
+	w.free(time.Now())
+	if want := first * k / time.Duration(w.size); !w.seeded || w.window != want {
+		t.Errorf("seeding over: seeded %v, window %v; want %v, for all %d slots", w.seeded, w.window, want, k)
 	}
 }

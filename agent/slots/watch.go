@@ -108,6 +108,8 @@ type watchWaiter struct {
 	size      int
 	watched   map[int]bool
 	seedWatch bool
+	// scaledFor is the number of watched slots the window is sized for.
+	scaledFor int
 	// takesSeen counts others' takes since the last list; widened and
 	// narrowed count those that steered the window either way.
 	takesSeen, widened, narrowed int
@@ -122,6 +124,7 @@ func (g *Gate) holdWatching(ctx context.Context, start time.Time) (*Holding, err
 		index: map[string]int{},
 	}
 	w.size, w.window = g.firstSubset()
+	w.scaledFor = w.size
 	w.herdLeft = float64(g.cfg.Herd)
 	for i := range g.cfg.Slots {
 		w.names = append(w.names, SlotName(g.cfg.Instance, i))
@@ -466,6 +469,7 @@ func (w *watchWaiter) free(now time.Time) (free []int, nextExpiry time.Time) {
 	if !w.seeded {
 		if l := w.leases[w.names[0]]; l != nil && seededBy(l, g.seedValue()) {
 			w.seeded = true
+			w.rescale() // the watch follows all slots now, not the seed slots
 			g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 		}
 	}
