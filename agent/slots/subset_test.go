@@ -420,3 +420,39 @@ func TestSeedEndScalesTheWindowToAllSlots(t *testing.T) {
 		t.Errorf("seeding over: seeded %v, window %v; want %v, for all %d slots", w.seeded, w.window, want, k)
 	}
 }
+
+// With F slots free, a waiter draws from a window F times narrower: the
+// racers split over the free slots. A not-yet-made slot splits the window
+// only in a known herd, whose window is sized per slot.
+func TestDrawWindowSplitsOverFreeSlots(t *testing.T) {
+	tests := []struct {
+		name       string
+		herd       int
+		made, free int // free slots, of which the first made exist
+		want       time.Duration
+	}{
+		{"one free", 1000, 1, 1, time.Second},
+		{"four free", 1000, 4, 4, time.Second / 4},
+		{"four free, none made, herd known", 1000, 0, 4, time.Second / 4},
+		{"four free, one made, herd unknown", 0, 1, 4, time.Second},
+		{"none made, herd unknown", 0, 0, 4, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := subsetWaiter(t, Config{Slots: 6, Instance: "demo", Herd: tt.herd})
+			w.leases = map[string]*coordinationv1.Lease{}
+			var free []int
+			for i := range tt.free {
+				free = append(free, i)
+				if i < tt.made {
+					l := &coordinationv1.Lease{}
+					l.Name = w.names[i]
+					w.leases[l.Name] = l
+				}
+			}
+			if got := w.drawWindow(free); got != tt.want {
+				t.Errorf("drawWindow = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

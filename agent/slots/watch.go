@@ -253,12 +253,13 @@ func (w *watchWaiter) follow(ctx context.Context, stream watch.Interface) (*Hold
 			return h, nil
 		}
 		free, nextExpiry := w.free(now)
+		draw := w.drawWindow(free)
 		switch {
-		case len(free) > 0 && (fire == nil || now.Add(w.window).Before(fireAt)):
+		case len(free) > 0 && (fire == nil || now.Add(draw).Before(fireAt)):
 			// A window that shrank meanwhile draws again: waiting out a
 			// delay drawn from a wider one would idle the slot.
 			stopTimer(&fire)
-			d := mrand.N(w.window + 1)
+			d := mrand.N(draw + 1)
 			fire, fireAt = time.NewTimer(d), now.Add(d)
 		case len(free) == 0:
 			stopTimer(&fire)
@@ -432,6 +433,25 @@ func (w *watchWaiter) steer(prev, cur *coordinationv1.Lease, now time.Time) {
 // watches, which made more conflicts.
 func (w *watchWaiter) target() time.Duration {
 	return max(targetDelay, 2*w.latency)
+}
+
+// drawWindow is the window to draw a delay from while these slots are
+// free. The window is sized for the racers of one free slot; with F free,
+// the racers, each taking one, split over them, so a draw from window/F
+// keeps the same pace per slot and the same few losers, and F slots go F
+// times as fast. Without it, at the end of a rollout, a handful of nodes
+// left with windows sized for many drew for a second or more while
+// dozens of slots stood free (make scale). Slots not made yet do not
+// split a window of an unknown herd: its first window spreads the whole
+// herd's first writes, not one slot's.
+func (w *watchWaiter) drawWindow(free []int) time.Duration {
+	f := 0
+	for _, i := range free {
+		if w.g.cfg.Herd > 0 || w.leases[w.names[i]] != nil {
+			f++
+		}
+	}
+	return w.window / time.Duration(max(f, 1))
 }
 
 // stallAfter is how long a free slot may wait for a take before the
