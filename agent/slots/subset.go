@@ -236,15 +236,21 @@ func (w *watchWaiter) wantSize() int {
 		return w.size
 	}
 	var perSlot float64
+	low := float64(watchersPerSlot) / 4
 	switch {
 	case w.g.cfg.Herd > 0:
 		perSlot = max(w.herdLeft, 0) * float64(w.watching()) / float64(w.g.cfg.Slots)
+		// The count drifts smoothly, so it may widen sooner than the
+		// window: with 5 watchers left on a slot, one slot in 150 has
+		// none, and at 1,000 nodes some idled for seconds until a waiter
+		// listed again.
+		low = watchersPerSlot / 2
 	case w.takesSeen < settleTakes || w.widened == 0 || w.narrowed == 0:
 		return w.size
 	default:
 		perSlot = math.Ln2 * float64(w.window) / float64(w.target())
 	}
-	if perSlot >= watchersPerSlot/4 && perSlot <= 4*watchersPerSlot || w.watched == nil && perSlot < watchAllBelow {
+	if perSlot >= low && perSlot <= 4*watchersPerSlot || w.watched == nil && perSlot < watchAllBelow {
 		return w.size
 	}
 	if perSlot <= 0 {

@@ -219,7 +219,8 @@ func TestWantSizeCountsTakes(t *testing.T) {
 		want     int
 	}{
 		{"the whole herd waits", 1000, 2, 2},
-		{"a fifth of it: still 8 per slot", 200, 2, 2},
+		{"a quarter of it: still 10 per slot", 250, 2, 2},
+		{"a fifth: 8 per slot, widen to 20", 200, 2, 5},
 		{"a tenth: 4 per slot, widen to 20", 100, 2, 10},
 		{"all gone by the count", -25, 2, 50},
 		{"a widened subset holds", 100, 10, 10},
