@@ -457,3 +457,45 @@ func TestDrawWindowSplitsOverFreeSlots(t *testing.T) {
 		})
 	}
 }
+
+// A relist that shows a slot at a new version starts its free time anew:
+// the delay a take reports must not count the time the slot spent out of
+// this waiter's sight.
+func TestRelistRestartsFreeTimeOfChangedSlots(t *testing.T) {
+	f := newFakeAPI(t)
+	for name, l := range heldSlots(2) {
+		f.write(t, name, func(n *coordinationv1.Lease) { n.Labels, n.Spec = l.Labels, l.Spec })
+	}
+	g := f.gate(t, Config{Slots: 2, Instance: "demo", LeaseDuration: time.Hour}, 0)
+	w := &watchWaiter{waiter: g.newWaiter(), window: time.Second, size: 2, index: map[string]int{},
+		lostAt: map[string]string{}, freeSince: map[string]time.Time{}, outside: map[int]bool{}}
+	for i := range 2 {
+		w.names = append(w.names, SlotName("demo", i))
+		w.index[w.names[i]] = i
+	}
+	stream, err := w.list(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Stop()
+	// Both slots are freed out of sight; the waiter knew one free long ago,
+	// and at the version the next list shows for the other.
+	free := func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = nil }
+	f.write(t, w.names[0], free)
+	f.write(t, w.names[1], free)
+	long := time.Now().Add(-time.Hour)
+	w.freeSince[w.names[0]] = long
+	w.freeSince[w.names[1]] = long
+	w.leases[w.names[1]] = f.lease(t, w.names[1])
+	stream, err = w.list(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Stop()
+	if got := w.freeSince[w.names[0]]; !got.After(long) {
+		t.Errorf("slot freed out of sight: free since %v, want from the relist on", got)
+	}
+	if got := w.freeSince[w.names[1]]; !got.Equal(long) {
+		t.Errorf("slot seen free at this version before: free since %v, want %v kept", got, long)
+	}
+}

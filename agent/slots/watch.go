@@ -200,8 +200,13 @@ func (w *watchWaiter) list(ctx context.Context) (watch.Interface, error) {
 	}
 	for i := range list.Items {
 		l := &list.Items[i]
-		if prev := old[l.Name]; prev == nil || prev.ResourceVersion != l.ResourceVersion {
+		changed := old[l.Name] == nil || old[l.Name].ResourceVersion != l.ResourceVersion
+		if changed {
 			w.since[l.Name] = now
+			// Free since an earlier list is stale news if the slot changed
+			// hands meanwhile out of our sight (it was not watched): the
+			// delay we would write into it must start now.
+			delete(w.freeSince, l.Name)
 		}
 		w.leases[l.Name] = l
 		if _, seen := w.freeSince[l.Name]; holder(l) == "" && !seen {
