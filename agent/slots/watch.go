@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	mrand "math/rand/v2"
 	"slices"
 	"time"
@@ -140,8 +141,12 @@ func (g *Gate) holdWatching(ctx context.Context, start time.Time) (*Holding, err
 			stream.Stop()
 			if h != nil {
 				// The window and target say how the wait was paced.
-				g.logAcquired(h, start, "window", w.window.Round(time.Millisecond).String(),
-					"target", w.target().Round(time.Millisecond).String(), "watching", w.watching())
+				attrs := []any{"window", w.window.Round(time.Millisecond).String(),
+					"target", w.target().Round(time.Millisecond).String(), "watching", w.watching()}
+				if g.cfg.Herd > 0 {
+					attrs = append(attrs, "herdLeft", int(math.Round(max(w.herdLeft, 0))))
+				}
+				g.logAcquired(h, start, attrs...)
 			}
 			if h != nil || ctx.Err() != nil {
 				return h, err
