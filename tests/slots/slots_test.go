@@ -106,6 +106,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
 	t.Run("a Role without list and watch still works, by polling", env.testOldRolePolls)
+	t.Run("a large herd watches some slots by label, and every node gets one", env.testSubsetWatch)
 	// Last: it stops the apiserver.
 	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
 	t.Run("a holder that cannot renew stops pulling: never more than K nodes pull", env.testOutageCap)
@@ -175,14 +176,23 @@ func (e *testEnv) gate(t *testing.T, token, instance string, cfg slots.Config) *
 // countedGate is gate, counting every request its client sends in calls.
 func (e *testEnv) countedGate(t *testing.T, token, instance string, cfg slots.Config, calls *atomic.Int64) *slots.Gate {
 	t.Helper()
+	if calls == nil {
+		return e.seenGate(t, token, instance, cfg, nil)
+	}
+	return e.seenGate(t, token, instance, cfg, func(*http.Request) { calls.Add(1) })
+}
+
+// seenGate is gate, showing every request its client sends to see.
+func (e *testEnv) seenGate(t *testing.T, token, instance string, cfg slots.Config, see func(*http.Request)) *slots.Gate {
+	t.Helper()
 	rc, err := e.c.RESTConfigForToken(token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if calls != nil {
+	if see != nil {
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				calls.Add(1)
+				see(r)
 				return rt.RoundTrip(r)
 			})
 		})
