@@ -70,7 +70,7 @@ const (
 // it watches as many slots as leave watchersPerSlot watchers on each
 // were the whole herd waiting (a new DaemonSet, a new list), with the
 // window that many steer to. Not knowing it, it watches all slots, and
-// its window grows from firstWindow. Seeding watches all slots anyway.
+// its window grows from firstWindow.
 func (g *Gate) firstSubset() (size int, window time.Duration) {
 	k := g.cfg.Slots
 	if g.cfg.Herd == 0 {
@@ -106,19 +106,23 @@ func (w *watchWaiter) isWatched(i int) bool {
 }
 
 // chooseWatched picks the slots the next watch follows, from the Leases
-// listed at now, and returns the watch's selector. It picks all eligible
-// slots while seeding (slot 0 says when it ends), when the subset would
-// be all of them, and when a slot Lease lacks LabelSlot (made by an older
-// agent; its next take adds it). A relist (not the first list of this
-// wait) adds the slots that may lack watchers: at the first, every slot
-// of a new rollout is free or not yet made, and adding them had a herd of
-// 1,000 watch all slots until it listed again.
+// listed at now, and returns the watch's selector. It picks all slots
+// when the subset would be all of them, and when a slot Lease lacks
+// LabelSlot (made by an older agent; its next take adds it). While
+// seeding, the subset has the seed slots too, which are all a waiter may
+// take then: when seeding ends, the whole herd races for the other
+// slots, and with a watch of all slots each of those takes went to every
+// waiter (and the waiters listed again for their subsets at the same
+// time); the seed slots go at the next list. A relist (not the first
+// list of this wait) adds the slots that may lack watchers: at the
+// first, every slot of a new rollout is free or not yet made, and adding
+// them had a herd of 1,000 watch all slots until it listed again.
 func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now time.Time, relist bool) labels.Selector {
 	defer w.rescale()
 	base := labels.SelectorFromSet(labels.Set{LabelInstance: w.g.cfg.Instance, LabelComponent: LabelComponentSlot})
 	n := w.eligible()
 	w.watched, w.seedWatch = nil, !w.seeded
-	if !w.seeded || w.size >= n {
+	if w.size >= w.g.cfg.Slots {
 		return base
 	}
 	for _, l := range listed {
@@ -127,12 +131,17 @@ func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now
 		}
 	}
 	watched := map[int]bool{}
-	for _, i := range mrand.Perm(n) {
+	for _, i := range mrand.Perm(w.g.cfg.Slots) {
 		if len(watched) == w.size {
 			break
 		}
 		if !w.denied[i] {
 			watched[i] = true
+		}
+	}
+	for i := range n {
+		if !w.seeded && !w.denied[i] {
+			watched[i] = true // a seed slot
 		}
 	}
 	free := func(i int) bool {
@@ -164,7 +173,7 @@ func (w *watchWaiter) chooseWatched(listed map[string]*coordinationv1.Lease, now
 			watched[frees[mrand.IntN(len(frees))]] = true
 		}
 	}
-	if len(watched) >= n {
+	if len(watched) >= w.g.cfg.Slots {
 		return base
 	}
 	w.watched = watched
@@ -193,8 +202,8 @@ func (w *watchWaiter) resubsetDelay() time.Duration {
 // scaling from all slots there had a herd of 1,000 start with windows a
 // 25th of their size, and lose 30 racers per hand-over in its first burst
 // (make scale). While seeding, the seed slots are all there is and the
-// window stays; when seeding ends, the watch follows all slots until the
-// next list, and the window scales to them (free calls rescale).
+// window stays; when seeding ends, every watched slot opens, and the
+// window scales to them (free calls rescale).
 func (w *watchWaiter) rescale() {
 	if !w.seeded {
 		return

@@ -88,7 +88,7 @@ func TestChooseWatched(t *testing.T) {
 		first   bool
 		mustOne []int
 	}{
-		{name: "while seeding", cfg: Config{SeedNodes: 1}, size: 2, wantAll: true},
+		{name: "while seeding, the seed slot joins", cfg: Config{SeedNodes: 1}, size: 2, must: []int{0}, minLen: 2, maxLen: 3},
 		{name: "size K", size: k, wantAll: true},
 		{name: "a Lease without the index label", size: 2, wantAll: true,
 			change: func(m map[string]*coordinationv1.Lease) { delete(m[SlotName("demo", 3)].Labels, LabelSlot) }},
@@ -153,7 +153,12 @@ func TestChooseWatched(t *testing.T) {
 				}
 			}
 			// The window follows: watchers per slot scale with the subset.
-			if want := time.Second * time.Duration(len(got)) / k; w.window != want {
+			// While seeding it stays: the seed slots are all there is.
+			want := time.Second * time.Duration(len(got)) / k
+			if tt.cfg.SeedNodes > 0 {
+				want = time.Second
+			}
+			if w.window != want {
 				t.Errorf("window %v after watching %d of %d slots, want %v", w.window, len(got), k, want)
 			}
 		})
@@ -392,10 +397,10 @@ func TestFirstListKeepsTheFirstSubsetsWindow(t *testing.T) {
 	}
 }
 
-// While seeding, the window stays the first subset's; when seeding ends,
-// the watch follows all slots until the next list, and the window scales
-// to them.
-func TestSeedEndScalesTheWindowToAllSlots(t *testing.T) {
+// While seeding, a waiter of a large herd watches its subset and the seed
+// slot, with the first subset's window; when seeding ends it races for
+// its subset at once, with the window scaled to the slots it watches.
+func TestSeedingWatchesTheSubsetAndTheSeedSlot(t *testing.T) {
 	const k = 10
 	g := newFakeAPI(t).gate(t, Config{Slots: k, Instance: "demo", Herd: 1000, SeedNodes: 1, LeaseDuration: time.Hour}, 0)
 	w := &watchWaiter{waiter: g.newWaiter(), index: map[string]int{}, since: map[string]time.Time{}}
@@ -408,17 +413,19 @@ func TestSeedEndScalesTheWindowToAllSlots(t *testing.T) {
 	first := w.window
 	w.leases = map[string]*coordinationv1.Lease{}
 	w.chooseWatched(w.leases, time.Now(), false)
-	w.free(time.Now())
-	if w.seeded || w.watched != nil || w.window != first {
-		t.Fatalf("seeding: seeded %v, watching %v, window %v; want the seed slot alone with window %v", w.seeded, w.watched, w.window, first)
+	if free, _ := w.free(time.Now()); w.seeded || !w.watched[0] || len(w.watched) > w.size+1 || w.window != first || !slices.Equal(free, []int{0}) {
+		t.Fatalf("seeding: seeded %v, watching %v, window %v, free %v; want the first subset and slot 0, window %v, only slot 0 free", w.seeded, w.watched, w.window, free, first)
 	}
 	seed := &coordinationv1.Lease{}
 	seed.Name = w.names[0]
 	seed.Annotations = map[string]string{SeededAnnotation: "true"}
 	w.leases[seed.Name] = seed
-	w.free(time.Now())
-	if want := first * k / time.Duration(w.size); !w.seeded || w.window != want {
-		t.Errorf("seeding over: seeded %v, window %v; want %v, for all %d slots", w.seeded, w.window, want, k)
+	free, _ := w.free(time.Now())
+	if want := first * time.Duration(len(w.watched)) / time.Duration(w.size); !w.seeded || w.window != want {
+		t.Errorf("seeding over: seeded %v, window %v; want %v, for the %d slots watched", w.seeded, w.window, want, len(w.watched))
+	}
+	if len(free) != len(w.watched) {
+		t.Errorf("seeding over: free %v, want every watched slot %v", free, w.watched)
 	}
 }
 

@@ -499,7 +499,7 @@ func (w *watchWaiter) free(now time.Time) (free []int, nextExpiry time.Time) {
 	if !w.seeded {
 		if l := w.leases[w.names[0]]; l != nil && seededBy(l, g.seedValue()) {
 			w.seeded = true
-			w.rescale() // the watch follows all slots now, not the seed slots
+			w.rescale() // every watched slot is open now, not the seed slots alone
 			g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 		}
 	}
