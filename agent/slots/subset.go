@@ -216,8 +216,9 @@ func (w *watchWaiter) rescale() {
 }
 
 // resubsetTo says whether to list again to watch another subset, and of
-// what size: once seeding has ended under a watch of all slots, and when
-// the window asks for another size.
+// what size: once seeding has ended under a watch chosen while seeding
+// (to drop the seed slots, or to leave a watch of all slots), and when
+// the estimate of watchers per slot asks for another size.
 func (w *watchWaiter) resubsetTo() (int, bool) {
 	if !w.seeded {
 		return 0, false

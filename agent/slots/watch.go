@@ -105,7 +105,7 @@ type watchWaiter struct {
 
 	// size is how many slots to watch (subset.go); watched are the slots
 	// the current watch follows, nil for all eligible ones; seedWatch says
-	// that it was chosen while seeding, when all are watched.
+	// that it was chosen while seeding, with the seed slots in it.
 	size      int
 	watched   map[int]bool
 	seedWatch bool
