@@ -27,6 +27,16 @@ func subsetWaiter(t *testing.T, cfg Config) *watchWaiter {
 	return w
 }
 
+// firstSubsetWaiter is subsetWaiter with the size and window a new Hold
+// starts with (firstSubset).
+func firstSubsetWaiter(t *testing.T, cfg Config) *watchWaiter {
+	t.Helper()
+	w := subsetWaiter(t, cfg)
+	w.size, w.window = w.g.firstSubset()
+	w.scaledFor = w.size
+	return w
+}
+
 // heldSlots are k slot Leases, each held and carrying its index label.
 func heldSlots(k int) map[string]*coordinationv1.Lease {
 	leases := map[string]*coordinationv1.Lease{}
@@ -376,15 +386,7 @@ func TestFirstSubset(t *testing.T) {
 // another size scales it.
 func TestFirstListKeepsTheFirstSubsetsWindow(t *testing.T) {
 	const k = 50
-	g := newFakeAPI(t).gate(t, Config{Slots: k, Instance: "demo", Herd: 1000, LeaseDuration: time.Hour}, 0)
-	w := &watchWaiter{waiter: g.newWaiter(), index: map[string]int{}, since: map[string]time.Time{}}
-	for i := range k {
-		w.names = append(w.names, SlotName("demo", i))
-		w.index[w.names[i]] = i
-		w.since[w.names[i]] = time.Now()
-	}
-	w.size, w.window = g.firstSubset()
-	w.scaledFor = w.size
+	w := firstSubsetWaiter(t, Config{Slots: k, Instance: "demo", Herd: 1000, LeaseDuration: time.Hour})
 	first := w.window
 	w.chooseWatched(heldSlots(k), time.Now(), false)
 	if len(w.watched) != w.size || w.window != first {
@@ -402,14 +404,7 @@ func TestFirstListKeepsTheFirstSubsetsWindow(t *testing.T) {
 // its subset at once, with the window scaled to the slots it watches.
 func TestSeedingWatchesTheSubsetAndTheSeedSlot(t *testing.T) {
 	const k = 10
-	g := newFakeAPI(t).gate(t, Config{Slots: k, Instance: "demo", Herd: 1000, SeedNodes: 1, LeaseDuration: time.Hour}, 0)
-	w := &watchWaiter{waiter: g.newWaiter(), index: map[string]int{}, since: map[string]time.Time{}}
-	for i := range k {
-		w.names = append(w.names, SlotName("demo", i))
-		w.index[w.names[i]] = i
-	}
-	w.size, w.window = g.firstSubset()
-	w.scaledFor = w.size
+	w := firstSubsetWaiter(t, Config{Slots: k, Instance: "demo", Herd: 1000, SeedNodes: 1, LeaseDuration: time.Hour})
 	first := w.window
 	w.leases = map[string]*coordinationv1.Lease{}
 	w.chooseWatched(w.leases, time.Now(), false)
