@@ -214,3 +214,25 @@ func (c *Client) Downloads(ctx context.Context) (map[string]int64, error) {
 	}
 	return out, nil
 }
+
+// Filesystem is one image filesystem as the runtime reports it.
+type Filesystem struct {
+	// Mountpoint is the directory the runtime keeps its images in.
+	Mountpoint string
+	// UsedBytes is what the images take there, by the runtime's count.
+	UsedBytes uint64
+}
+
+// ImageFsInfo returns the runtime's image filesystems. The CRI gives no
+// capacity: statfs of the mountpoint does (agent/disk).
+func (c *Client) ImageFsInfo(ctx context.Context) ([]Filesystem, error) {
+	resp, err := c.img.ImageFsInfo(ctx, &runtimeapi.ImageFsInfoRequest{})
+	if err != nil {
+		return nil, c.after(fmt.Errorf("CRI ImageFsInfo on %s: %w", c.Socket, err))
+	}
+	out := make([]Filesystem, 0, len(resp.GetImageFilesystems()))
+	for _, fs := range resp.GetImageFilesystems() {
+		out = append(out, Filesystem{Mountpoint: fs.GetFsId().GetMountpoint(), UsedBytes: fs.GetUsedBytes().GetValue()})
+	}
+	return out, nil
+}
