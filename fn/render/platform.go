@@ -26,20 +26,26 @@ const (
 // selectors and ownership checks rely on them.
 var functionLabels = map[string]bool{LabelName: true, LabelInstance: true, LabelManagedBy: true}
 
-// toolAnnotationPrefixes are annotation namespaces that belong to the tools
-// the ImagePrefetcher passed through, not to the user: kustomize and kpt
-// bookkeeping (file paths, indexes, function declarations, hash requests,
-// local-config), and the function's own domain (the pod template's config
-// hash must not be forged). With kubectl's last-applied copy, they never
-// reach the rendered objects.
+// toolAnnotationPrefixes are annotation namespaces that belong to the
+// function (the pod template's config hash must not be forged) and to kpt.
+// With toolDomains and kubectl's last-applied copy, they never reach the
+// rendered objects.
 var toolAnnotationPrefixes = []string{
 	v1alpha1.LabelDomain + "/",
-	"config.kubernetes.io/",
-	"internal.config.kubernetes.io/",
-	"config.k8s.io/",
-	"kustomize.config.k8s.io/",
 	"kpt.dev/",
 }
+
+// toolDomains are the KRM tools' annotation domains. Every subdomain counts:
+// kustomize writes file paths and build metadata under
+// internal.config.kubernetes.io and alpha.config.kubernetes.io
+// (buildMetadata: [transformerAnnotations]), hash requests under
+// kustomize.config.k8s.io; kpt writes resource ids under
+// internal.config.k8s.io when a pipeline step has selectors. They describe
+// how the ImagePrefetcher was built, which changes with the source layout:
+// copied onto the pod template they would roll every agent, and copied onto
+// the rendered objects they would confuse the tools that wrote them (kpt
+// maps a selected item's output back by its resource id).
+var toolDomains = []string{"config.kubernetes.io", "config.k8s.io"}
 
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
@@ -52,6 +58,13 @@ func userAnnotation(k string) bool {
 	for _, p := range toolAnnotationPrefixes {
 		if strings.HasPrefix(k, p) {
 			return false
+		}
+	}
+	if domain, _, prefixed := strings.Cut(k, "/"); prefixed {
+		for _, d := range toolDomains {
+			if domain == d || strings.HasSuffix(domain, "."+d) {
+				return false
+			}
 		}
 	}
 	return true

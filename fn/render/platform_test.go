@@ -2,6 +2,8 @@ package render
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,6 +47,8 @@ func TestMetadataPropagation(t *testing.T) {
 		"config.kubernetes.io/function":                    "exec: {path: x}",
 		"internal.config.kubernetes.io/path":               "a.yaml",
 		"config.k8s.io/id":                                 "1",
+		"alpha.config.kubernetes.io/transformations":       "- configuredIn: kustomization.yaml",
+		"internal.config.k8s.io/kpt-resource-id":           "0",
 		"kustomize.config.k8s.io/needs-hash":               "true",
 		"kpt.dev/config-injection":                         "required",
 		"kubectl.kubernetes.io/last-applied-configuration": "{}",
@@ -95,6 +99,9 @@ func TestMetadataPropagation(t *testing.T) {
 	pa := ds.Spec.Template.Annotations
 	if pa["argocd.argoproj.io/sync-wave"] != "-1" || pa[ConfigHashAnnotation] == "forged" || pa[ConfigHashAnnotation] == "" {
 		t.Errorf("pod template annotations %v", pa)
+	}
+	if want := []string{"argocd.argoproj.io/sync-wave", ConfigHashAnnotation, "kubectl.kubernetes.io/default-container", "openshift.io/required-scc"}; !slices.Equal(slices.Sorted(maps.Keys(pa)), want) {
+		t.Errorf("pod template annotations %v, want exactly %v", slices.Sorted(maps.Keys(pa)), want)
 	}
 }
 
