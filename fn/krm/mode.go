@@ -115,3 +115,42 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
+
+// kptSelection is kpt's mark on every item it passes to a pipeline step
+// that has selectors: or exclude: (kpt fn eval: --match-*, --exclude-*), by
+// which it merges the step's output back into the package. kpt 1.0 sets it
+// only then.
+const kptSelection = "internal.config.k8s.io/kpt-resource-id"
+
+// selectionRefused is the error for a kpt step that was given a selection
+// of the package, or nil. The function must see the whole package: to
+// replace what it rendered before (a selection leaves the earlier output
+// out, and every render would add another copy of it), to find the
+// ConfigMaps and workloads an ImagePrefetcher reads, and to see every
+// instance it must check names against. It refuses rather than render a
+// part.
+func selectionRefused(items []*yaml.RNode, fc *yaml.RNode) *fn.Result {
+	var ip *yaml.RNode
+	selected := false
+	for _, it := range items {
+		if _, ok := it.GetAnnotations()[kptSelection]; ok {
+			selected = true
+		}
+		if ip == nil && isPrefetcher(it) {
+			ip = it
+		}
+	}
+	if !selected {
+		return nil
+	}
+	r := &fn.Result{Severity: fn.Error, Message: "kpt gave image-prefetcher-fn only the resources its step's selectors: or exclude: chose (kpt fn eval: --match-*, --exclude-*), " +
+		"but the function needs the whole package, to replace what it rendered before and to read the ConfigMaps and workloads an ImagePrefetcher names: " +
+		"remove selectors: and exclude: from the image-prefetcher-fn step; to render some instances only, give each its own step with configPath: (docs/integrations/kpt.md)"}
+	if ip == nil && fc != nil && isPrefetcher(fc) {
+		ip = fc
+	}
+	if ip != nil {
+		r.ResourceRef, r.File = refOf(ip), fileOf(ip)
+	}
+	return r
+}

@@ -78,3 +78,53 @@ func TestTypoWarnings(t *testing.T) {
 		}
 	}
 }
+
+// TestSelectionRefused: a kpt run whose items carry kpt's selection id (a
+// step with selectors: or exclude:) is refused with one error that names
+// the fix, before anything is rendered or removed; a kpt run of the whole
+// package and a kustomize run are not.
+func TestSelectionRefused(t *testing.T) {
+	const kptMarks = "internal.config.kubernetes.io/seqindent: compact, config.kubernetes.io/path: prefetcher.yaml"
+	selected := func(doc, id string) string {
+		return strings.Replace(doc, "prefetch}", "prefetch, annotations: {"+kptMarks+", internal.config.k8s.io/kpt-resource-id: '"+id+"'}}", 1)
+	}
+	whole := strings.Replace(ipDoc, "prefetch}", "prefetch, annotations: {"+kptMarks+"}}", 1)
+	ours := strings.Replace(oursDoc, "prefetch/demo}", "prefetch/demo, "+kptMarks+", internal.config.k8s.io/kpt-resource-id: '1'}", 1)
+	for _, tc := range []struct {
+		name    string
+		items   []string
+		refused bool
+	}{
+		{"selectors: the ImagePrefetcher only", []string{selected(ipDoc, "0")}, true},
+		{"selectors: the rendered objects only", []string{ours}, true},
+		{"kpt, the whole package", []string{whole, strings.Replace(oursDoc, "prefetch/demo}", "prefetch/demo, "+kptMarks+"}", 1)}, false},
+		{"kustomize", []string{ipDoc, nsDoc}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n"
+			for _, d := range tc.items {
+				in += "- " + strings.ReplaceAll(strings.TrimSpace(d), "\n", "\n  ") + "\n"
+			}
+			out, results, err := Run([]byte(in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var refusals []string
+			for _, r := range results {
+				if r.Severity == "error" && strings.Contains(r.Message, "remove selectors: and exclude: from the image-prefetcher-fn step") {
+					refusals = append(refusals, r.Message)
+				}
+			}
+			switch {
+			case tc.refused && (len(results) != 1 || len(refusals) != 1):
+				t.Errorf("results %v, want the one refusal", results)
+			case tc.refused && strings.Contains(string(out), "kind: DaemonSet"):
+				t.Errorf("rendered despite the refusal:\n%s", out)
+			case tc.refused && strings.Count(string(out), "\n- apiVersion: ") != len(tc.items):
+				t.Errorf("the refused run did not give its items back as they were:\n%s", out)
+			case !tc.refused && len(refusals) > 0:
+				t.Errorf("refused a run that sees the whole package: %v", refusals)
+			}
+		})
+	}
+}

@@ -108,6 +108,9 @@ type expansion struct {
 func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) {
 	var results fn.Results
 	kpt := InvokedBy(items, fc) == Kpt
+	if r := selectionRefused(items, fc); kpt && r != nil {
+		return items, fn.Results{r}
+	}
 	fcIsIP := fc != nil && isPrefetcher(fc)
 	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
 	lookup := configMapLookup(items)

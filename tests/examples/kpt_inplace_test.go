@@ -424,6 +424,55 @@ func TestKptInPlaceEdges(t *testing.T) {
 		}
 	})
 
+	// kpt passes a step with selectors: or exclude: only the matching
+	// resources and merges the step's output back by a resource id it sets
+	// on them. The function then cannot see what it rendered before: it
+	// refuses, with the fix, and the package stays as it was. (It once
+	// copied kpt's id onto every rendered object, and kpt kept none of
+	// them: the render passed and rendered nothing.)
+	t.Run("selectors or exclude on the step", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			step string // appended to the function's step; "" runs kpt fn eval
+			eval []string
+		}{
+			{name: "selectors", step: "    selectors:\n    - kind: ImagePrefetcher\n"},
+			{name: "exclude", step: "    exclude:\n    - kind: Namespace\n"},
+			{name: "eval --match-kind", eval: []string{"--match-kind", "ImagePrefetcher"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				dir := newPackage(t, false)
+				// Rendered once without a selection, as a package is
+				// before someone adds one.
+				tl.run(t, dir, tl.env(), "kpt", "fn", "render", "--allow-exec", dir)
+				if tc.step != "" {
+					kptfile := inplacePackage{intents: []intent{web}}.kptfile() + tc.step
+					if err := os.WriteFile(filepath.Join(dir, "Kptfile"), []byte(kptfile), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				before := readTree(t, dir, nil)
+				argv := []string{"kpt", "fn", "render", "--allow-exec", dir}
+				if tc.eval != nil {
+					argv = append([]string{"kpt", "fn", "eval", dir, "--exec", "image-prefetcher-fn"}, tc.eval...)
+				}
+				_, stderr, ok := runOutput(t, dir, tl.env(), argv...)
+				if ok {
+					t.Errorf("%s succeeded:\n%s", strings.Join(argv, " "), stderr)
+				}
+				for _, want := range []string{"[error]", "selectors: or exclude:", "needs the whole package", "remove selectors: and exclude: from the image-prefetcher-fn step"} {
+					if !strings.Contains(stderr, want) {
+						t.Errorf("kpt's output does not say %q:\n%s", want, stderr)
+					}
+				}
+				after := readTree(t, dir, nil)
+				if !maps.EqualFunc(before, after, bytes.Equal) {
+					t.Errorf("the refused render changed the package: files %v, were %v", slices.Sorted(mapKeys(after)), slices.Sorted(mapKeys(before)))
+				}
+			})
+		}
+	})
+
 	// kpt fn eval --fn-config F expands the ImagePrefetcher in F and no
 	// other: the package's own intent and what it renders are not touched.
 	t.Run("eval --fn-config", func(t *testing.T) {
