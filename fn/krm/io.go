@@ -354,7 +354,7 @@ func Describe(r *fn.Result) string {
 		if ref.Namespace != "" {
 			b.WriteString(ref.Namespace + "/")
 		}
-		b.WriteString(ref.Name)
+		b.WriteString(cmpOr(ref.Name, "(no name)"))
 		if r.File != nil && r.File.Path != "" {
 			fmt.Fprintf(&b, " (%s)", r.File.Path)
 		}

@@ -394,6 +394,12 @@ func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup, items []*yaml.RNo
 		add(render.Problems{{Severity: render.Error, Path: "apiVersion", Message: fmt.Sprintf("%q is not supported: use %s", v, v1alpha1.APIVersion)}})
 		return nil, results
 	}
+	// Without metadata there is no instance to name; the findings about
+	// its name and namespace would name an empty reference.
+	if md, _ := src.Pipe(yaml.Lookup("metadata")); md.IsNilOrEmpty() {
+		add(render.Problems{{Severity: render.Error, Path: "metadata", Message: "is required: it holds the instance's name and namespace, metadata: {name: <instance>, namespace: <namespace of its agents>}"}})
+		return nil, results
+	}
 	ip, probs := render.Decode(src)
 	add(probs)
 	if probs.HasErrors() {

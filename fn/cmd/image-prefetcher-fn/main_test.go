@@ -168,6 +168,9 @@ var errorCases = []struct {
 	{name: "wrong-type", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: four\n"},
 	{name: "unsupported-api-version", ip: "apiVersion: image-prefetcher.stackrox.io/v9\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: prefetch\nspec:\n  images: [debian]\n", asItem: true},
 	{name: "name-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
+	// No metadata: one error at metadata, not two about an unnamed object.
+	{name: "metadata-null", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: null\nspec:\n  images: [debian]\n", asItem: true},
+	{name: "metadata-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nspec:\n  images: [debian]\n"},
 	{name: "name-invalid", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: My_Prefetcher\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
 	{name: "name-too-long", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: " + strings.Repeat("a", 64) + "\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
 	{name: "namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n"},
