@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/render"
 )
 
 // integrationPages are the pages docs/integrations.md indexes, one per
@@ -76,6 +78,20 @@ func relativeLinks(doc string) []string {
 		target, _, _ := strings.Cut(rest[:j], "#")
 		if target != "" && !strings.Contains(target, "://") && !strings.HasPrefix(target, "mailto:") {
 			out = append(out, target)
+		}
+	}
+}
+
+// docs/migration.md names the objects an instance renders, in place of the
+// reference tool's: the names it gives are the ones the function renders
+// (a rename must update the page and say what it replaced).
+func TestMigrationNames(t *testing.T) {
+	tl := findTools(t)
+	page := string(readFile(t, tl, "docs/migration.md"))
+	n := render.NamesFor("<namespace>", "<name>")
+	for what, name := range map[string]string{"DaemonSet and ServiceAccount": n.Namespaced, "list ConfigMap": n.ImageList, "SCC Role": n.SCCRole, "SCC": n.Cluster} {
+		if !strings.Contains(page, "`"+name+"`") {
+			t.Errorf("docs/migration.md does not give the %s's name `%s`", what, name)
 		}
 	}
 }
