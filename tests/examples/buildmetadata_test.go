@@ -30,15 +30,6 @@ metadata:
 spec:
   images: [registry.k8s.io/pause:3.10]
 `
-	const function = `apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: image-prefetcher-fn
-  annotations:
-    config.kubernetes.io/function: |
-      exec:
-        path: image-prefetcher-fn
-`
 	// Builtin transformers in the base and in the overlay, so that the
 	// ImagePrefetcher carries transformation records from both.
 	const patch = `patches:
@@ -63,14 +54,14 @@ metadata:
 		"one/base/kustomization.yaml":  "resources: [prefetcher.yaml]\ncommonAnnotations:\n  example.com/owner: platform\n",
 		"one/base/prefetcher.yaml":     prefetcher,
 		"one/dev/kustomization.yaml":   overlay("../base", true),
-		"one/dev/fn.yaml":              function,
+		"one/dev/fn.yaml":              execFunction,
 		"one/plain/kustomization.yaml": overlay("../base", false),
-		"one/plain/fn.yaml":            function,
+		"one/plain/fn.yaml":            execFunction,
 		// The same files, moved and renamed.
 		"two/intent/prefetch/kustomization.yaml":  "resources: [web-prefetcher.yaml]\ncommonAnnotations:\n  example.com/owner: platform\n",
 		"two/intent/prefetch/web-prefetcher.yaml": prefetcher,
 		"two/envs/team-a/kustomization.yaml":      overlay("../../intent/prefetch", true),
-		"two/envs/team-a/fn.yaml":                 function,
+		"two/envs/team-a/fn.yaml":                 execFunction,
 		// Generator mode.
 		"gen/plain/kustomization.yaml": "generators: [prefetcher.yaml]\n",
 		"gen/plain/prefetcher.yaml":    annotated,

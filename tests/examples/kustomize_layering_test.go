@@ -9,15 +9,9 @@ import (
 	"testing"
 )
 
-// TestKustomizeLayering runs the real standalone kustomize on layered
-// kustomizations that each run the function: a base renders instance a, an
-// overlay patches a's DaemonSet and renders instance b, and a kustomization
-// above runs the function once more with nothing to render. Output rendered
-// below is neither pruned nor rendered again, so the overlay's patch
-// survives, and every instance is rendered exactly once.
-func TestKustomizeLayering(t *testing.T) {
-	tl := findTools(t)
-	const function = `apiVersion: v1
+// execFunction declares the function under a kustomization's
+// transformers:, by the bare name that PATH resolves.
+const execFunction = `apiVersion: v1
 kind: ConfigMap
 metadata:
   name: image-prefetcher-fn
@@ -26,6 +20,15 @@ metadata:
       exec:
         path: image-prefetcher-fn
 `
+
+// TestKustomizeLayering runs the real standalone kustomize on layered
+// kustomizations that each run the function: a base renders instance a, an
+// overlay patches a's DaemonSet and renders instance b, and a kustomization
+// above runs the function once more with nothing to render. Output rendered
+// below is neither pruned nor rendered again, so the overlay's patch
+// survives, and every instance is rendered exactly once.
+func TestKustomizeLayering(t *testing.T) {
+	tl := findTools(t)
 	intentA := intent{namespace: "prefetch", name: "a", images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true, localConfig: true}
 	intentB := intent{namespace: "prefetch", name: "b", images: []string{"docker.io/library/busybox:1.37"}, flavor: "ocp", nodeLabel: true, admission: true}
 	const patch = `apiVersion: apps/v1
@@ -44,20 +47,20 @@ spec:
 		"base/kustomization.yaml": "resources:\n- namespace.yaml\n- a.yaml\ntransformers:\n- fn.yaml\n",
 		"base/namespace.yaml":     inplaceNamespace,
 		"base/a.yaml":             intentA.yaml(),
-		"base/fn.yaml":            function,
+		"base/fn.yaml":            execFunction,
 		// b as a transformer's input, after the patch of a's DaemonSet
 		// (kustomize runs patches before transformers:).
 		"overlay/kustomization.yaml": "resources:\n- ../base\n- b.yaml\npatches:\n- path: patch.yaml\ntransformers:\n- fn.yaml\n",
 		"overlay/b.yaml":             intentB.yaml(),
 		"overlay/patch.yaml":         patch,
-		"overlay/fn.yaml":            function,
+		"overlay/fn.yaml":            execFunction,
 		// b as a generator: its objects are generated, then the patch.
 		"generator/kustomization.yaml": "resources:\n- ../base\ngenerators:\n- b.yaml\npatches:\n- path: patch.yaml\n",
 		"generator/b.yaml":             strings.Replace(intentB.yaml(), "metadata:\n", "metadata:\n  annotations:\n    config.kubernetes.io/function: |\n      exec:\n        path: image-prefetcher-fn\n", 1),
 		"generator/patch.yaml":         patch,
 		// The function once more, with no ImagePrefetcher left to render.
 		"top/kustomization.yaml": "resources:\n- ../overlay\ntransformers:\n- fn.yaml\n",
-		"top/fn.yaml":            function,
+		"top/fn.yaml":            execFunction,
 	}
 	root := t.TempDir()
 	for name, content := range files {
