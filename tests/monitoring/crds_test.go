@@ -1,8 +1,10 @@
 package monitoring_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -280,7 +282,7 @@ func applyAndReadBack(ctx context.Context, t *testing.T, c *cluster.Cluster, ri 
 func runFunction(ctx context.Context, t *testing.T, bin string, in []byte) []*unstructured.Unstructured {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "image-prefetcher-fn"))
-	cmd.Stdin = strings.NewReader(string(in))
+	cmd.Stdin = bytes.NewReader(in)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("image-prefetcher-fn: %v\n%s", err, stderrOf(err))
@@ -315,7 +317,8 @@ func indentLines(s, pad string) string {
 }
 
 func stderrOf(err error) []byte {
-	if ee, ok := err.(*exec.ExitError); ok {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
 		return ee.Stderr
 	}
 	return nil
