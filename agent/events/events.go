@@ -16,6 +16,10 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 )
 
+// Component is the source of the agent's Events (`kubectl describe`'s
+// "From"), by which `status --hits` lists them.
+const Component = "image-prefetcher"
+
 // Reasons of the Events the agent records.
 const (
 	ReasonPrefetched     = "Prefetched"

@@ -12,7 +12,8 @@ import (
 )
 
 // DaemonSet is the part of an apps/v1 DaemonSet the agent reads: whether
-// it is being deleted, which nodes its pods may run on, and how many. It is decoded
+// it is being deleted, which nodes its pods may run on, and how many; and
+// for `status --hits`, its volumes (the list ConfigMap). It is decoded
 // from JSON rather than through k8s.io/api/apps/v1, whose types the agent
 // binary does not otherwise need (see the package comment on footprint).
 type DaemonSet struct {
@@ -26,19 +27,26 @@ type DaemonSetStatus struct {
 	DesiredNumberScheduled int32 `json:"desiredNumberScheduled"`
 }
 
-// DaemonSetSpec holds the pod template's node selection.
+// DaemonSetSpec holds the pod template's node selection and volumes.
 type DaemonSetSpec struct {
 	Template struct {
 		Spec struct {
 			NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 			Affinity     *corev1.Affinity  `json:"affinity,omitempty"`
+			Volumes      []corev1.Volume   `json:"volumes,omitempty"`
 		} `json:"spec"`
 	} `json:"template"`
+}
+
+// DaemonSetList is a list of DaemonSets.
+type DaemonSetList struct {
+	Items []DaemonSet `json:"items"`
 }
 
 // DaemonSetClient reads DaemonSets of one namespace.
 type DaemonSetClient interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*DaemonSet, error)
+	List(ctx context.Context, opts metav1.ListOptions) (*DaemonSetList, error)
 }
 
 // DaemonSetGetter is implemented by clients that can read DaemonSets. It is
@@ -66,19 +74,41 @@ func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions
 	if opts.ResourceVersion != "" {
 		req = req.Param("resourceVersion", opts.ResourceVersion)
 	}
-	res := req.Do(ctx)
+	out := &DaemonSet{}
+	if err := decodeJSON(req.Do(ctx), out, "DaemonSet "+d.ns+"/"+name); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// List reads the DaemonSets of the namespace that match opts.LabelSelector,
+// the only option it sends.
+func (d daemonSets) List(ctx context.Context, opts metav1.ListOptions) (*DaemonSetList, error) {
+	req := d.c.Get().Namespace(d.ns).Resource("daemonsets")
+	if opts.LabelSelector != "" {
+		req = req.Param("labelSelector", opts.LabelSelector)
+	}
+	out := &DaemonSetList{}
+	if err := decodeJSON(req.Do(ctx), out, "DaemonSets of "+d.ns); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decodeJSON returns the apiserver's error as it is, so that
+// apierrors.IsNotFound and the like still work on it.
+func decodeJSON(res rest.Result, into any, what string) error {
 	// Error, unlike Raw, decodes the apiserver's Status: its reason and
 	// message, not just one made up from the HTTP code.
 	if err := res.Error(); err != nil {
-		return nil, err
+		return err
 	}
 	raw, err := res.Raw()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := &DaemonSet{}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return nil, fmt.Errorf("decode DaemonSet %s/%s: %w", d.ns, name, err)
+	if err := json.Unmarshal(raw, into); err != nil {
+		return fmt.Errorf("decode %s: %w", what, err)
 	}
-	return out, nil
+	return nil
 }

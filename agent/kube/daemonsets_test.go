@@ -41,3 +41,26 @@ func TestDaemonSetGet(t *testing.T) {
 		t.Errorf("err %v, want NotFound", err)
 	}
 }
+
+// The DaemonSet list sends the label selector, JSON only, and decodes the
+// volumes status --hits reads.
+func TestDaemonSetList(t *testing.T) {
+	s, cfg := newServer(t)
+	c, err := NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.body = `{"apiVersion":"apps/v1","kind":"DaemonSetList","metadata":{},"items":[{"metadata":{"name":"image-prefetcher-web"},` +
+		`"spec":{"template":{"spec":{"volumes":[{"name":"image-list","configMap":{"name":"image-prefetcher-web.images-7h2k"}}]}}}}]}`
+	l, err := c.DaemonSets("ns").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.last(t); got.Method != http.MethodGet || got.Path != "/apis/apps/v1/namespaces/ns/daemonsets" ||
+		got.Query != "labelSelector=app.kubernetes.io%2Finstance%3Dweb" || got.Accept != "application/json" {
+		t.Errorf("request %+v", got)
+	}
+	if len(l.Items) != 1 || l.Items[0].Name != "image-prefetcher-web" || l.Items[0].Spec.Template.Spec.Volumes[0].ConfigMap.Name != "image-prefetcher-web.images-7h2k" {
+		t.Errorf("decoded %+v", l)
+	}
+}

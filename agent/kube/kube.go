@@ -1,6 +1,8 @@
 // Package kube is the agent's Kubernetes API client. It covers exactly the
 // calls the agent makes: get, list and patch Nodes, create Events, and get,
-// list, watch, create and update Leases.
+// list, watch, create and update Leases; and those `status --hits` makes
+// with the user's credentials: list Events, list DaemonSets and get a
+// ConfigMap.
 //
 // It exists to keep the binary small. client-go's typed clientset pulls in
 // k8s.io/client-go/kubernetes/scheme, whose initialisation registers every
@@ -48,9 +50,22 @@ type NodeClient interface {
 	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*corev1.Node, error)
 }
 
-// EventClient creates Events in one namespace.
+// EventClient creates Events in one namespace, and lists them (in every
+// namespace for the namespace "").
 type EventClient interface {
 	Create(ctx context.Context, event *corev1.Event, opts metav1.CreateOptions) (*corev1.Event, error)
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.EventList, error)
+}
+
+// ConfigMapClient reads ConfigMaps of one namespace.
+type ConfigMapClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error)
+}
+
+// ConfigMapGetter is implemented by clients that can read ConfigMaps; only
+// `status --hits` does, to read an instance's image list.
+type ConfigMapGetter interface {
+	ConfigMaps(namespace string) ConfigMapClient
 }
 
 // LeaseClient reads and writes Leases in one namespace.
@@ -73,7 +88,7 @@ var (
 )
 
 func init() {
-	scheme.AddKnownTypes(corev1.SchemeGroupVersion, &corev1.Node{}, &corev1.NodeList{}, &corev1.Event{})
+	scheme.AddKnownTypes(corev1.SchemeGroupVersion, &corev1.Node{}, &corev1.NodeList{}, &corev1.Event{}, &corev1.EventList{}, &corev1.ConfigMap{})
 	metav1.AddToGroupVersion(scheme, corev1.SchemeGroupVersion)
 	scheme.AddKnownTypes(coordinationv1.SchemeGroupVersion, &coordinationv1.Lease{}, &coordinationv1.LeaseList{})
 	metav1.AddToGroupVersion(scheme, coordinationv1.SchemeGroupVersion)
@@ -89,6 +104,7 @@ type Client struct {
 var (
 	_ Interface       = (*Client)(nil)
 	_ DaemonSetGetter = (*Client)(nil)
+	_ ConfigMapGetter = (*Client)(nil)
 )
 
 // NewForConfig builds a client. Both API groups share one HTTP client, as
@@ -200,6 +216,28 @@ type events struct {
 func (e events) Create(ctx context.Context, event *corev1.Event, opts metav1.CreateOptions) (*corev1.Event, error) {
 	out := &corev1.Event{}
 	err := e.c.Post().Namespace(e.ns).Resource("events").VersionedParams(&opts, parameterCodec).Body(event).Do(ctx).Into(out)
+	return out, err
+}
+
+func (e events) List(ctx context.Context, opts metav1.ListOptions) (*corev1.EventList, error) {
+	out := &corev1.EventList{}
+	err := e.c.Get().Namespace(e.ns).Resource("events").VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
+	return out, err
+}
+
+// ConfigMaps returns the ConfigMap client of a namespace.
+func (c *Client) ConfigMaps(namespace string) ConfigMapClient {
+	return configMaps{c: c.core, ns: namespace}
+}
+
+type configMaps struct {
+	c  rest.Interface
+	ns string
+}
+
+func (m configMaps) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error) {
+	out := &corev1.ConfigMap{}
+	err := m.c.Get().Namespace(m.ns).Resource("configmaps").Name(name).VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
 	return out, err
 }
 

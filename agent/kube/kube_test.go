@@ -126,6 +126,26 @@ func TestCalls(t *testing.T) {
 			wantName: "pod.1",
 		},
 		{
+			name:  "list events of every namespace",
+			reply: `{"apiVersion":"v1","kind":"EventList","metadata":{"continue":"c2"},"items":[{"metadata":{"name":"p.1","namespace":"a"},"reason":"Pulled"}]}`,
+			call: func(ctx context.Context, c *Client) (string, error) {
+				l, err := c.Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=Pulled", Limit: 500, Continue: "c1"})
+				return l.Items[0].Namespace + "/" + l.Items[0].Name + "@" + l.Continue, err
+			},
+			want:     request{Method: "GET", Path: "/api/v1/events", Query: "continue=c1&fieldSelector=reason%3DPulled&limit=500"},
+			wantName: "a/p.1@c2",
+		},
+		{
+			name:  "get configmap",
+			reply: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"image-prefetcher-web.images"},"data":{"images.txt":"a:1"}}`,
+			call: func(ctx context.Context, c *Client) (string, error) {
+				m, err := c.ConfigMaps("ns").Get(ctx, "image-prefetcher-web.images", metav1.GetOptions{})
+				return m.Name + ":" + m.Data["images.txt"], err
+			},
+			want:     request{Method: "GET", Path: "/api/v1/namespaces/ns/configmaps/image-prefetcher-web.images"},
+			wantName: "image-prefetcher-web.images:a:1",
+		},
+		{
 			name:  "get lease",
 			reply: `{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"demo-slot-0","resourceVersion":"7"}}`,
 			call: func(ctx context.Context, c *Client) (string, error) {

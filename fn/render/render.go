@@ -287,7 +287,7 @@ func ownDaemonSetRule(name string) rbacv1.PolicyRule {
 
 // Volume names inside the pod.
 const (
-	volImageList = "image-list"
+	volImageList = v1alpha1.ImageListVolume
 	volCRISocket = "cri-socket"
 	volTmp       = "tmp"
 	volCPConfig  = "credential-provider-config"

@@ -27,6 +27,11 @@ func (w wrapped) Leases(namespace string) kube.LeaseClient {
 	return w.cs.CoordinationV1().Leases(namespace)
 }
 
+// ConfigMaps returns the clientset's ConfigMaps.
+func (w wrapped) ConfigMaps(namespace string) kube.ConfigMapClient {
+	return w.cs.CoreV1().ConfigMaps(namespace)
+}
+
 // DaemonSets returns the fake's DaemonSets as the agent reads them.
 func (w wrapped) DaemonSets(namespace string) kube.DaemonSetClient {
 	return daemonSets{w.cs.AppsV1().DaemonSets(namespace)}
@@ -35,6 +40,7 @@ func (w wrapped) DaemonSets(namespace string) kube.DaemonSetClient {
 type daemonSets struct {
 	c interface {
 		Get(ctx context.Context, name string, opts metav1.GetOptions) (*appsv1.DaemonSet, error)
+		List(ctx context.Context, opts metav1.ListOptions) (*appsv1.DaemonSetList, error)
 	}
 }
 
@@ -43,9 +49,26 @@ func (d daemonSets) Get(ctx context.Context, name string, opts metav1.GetOptions
 	if err != nil {
 		return nil, err
 	}
+	return convert(ds), nil
+}
+
+func (d daemonSets) List(ctx context.Context, opts metav1.ListOptions) (*kube.DaemonSetList, error) {
+	l, err := d.c.List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	out := &kube.DaemonSetList{Items: []kube.DaemonSet{}}
+	for i := range l.Items {
+		out.Items = append(out.Items, *convert(&l.Items[i]))
+	}
+	return out, nil
+}
+
+func convert(ds *appsv1.DaemonSet) *kube.DaemonSet {
 	out := &kube.DaemonSet{ObjectMeta: ds.ObjectMeta}
 	out.Spec.Template.Spec.NodeSelector = ds.Spec.Template.Spec.NodeSelector
 	out.Spec.Template.Spec.Affinity = ds.Spec.Template.Spec.Affinity
+	out.Spec.Template.Spec.Volumes = ds.Spec.Template.Spec.Volumes
 	out.Status.DesiredNumberScheduled = ds.Status.DesiredNumberScheduled
-	return out, nil
+	return out
 }

@@ -204,6 +204,9 @@ const (
 	ImageListKey = "images.txt"
 	// ImageListDir is where the rendered ConfigMap is mounted.
 	ImageListDir = "/etc/image-prefetcher"
+	// ImageListVolume is the pod volume of the rendered ConfigMap, by
+	// which `status --hits` finds the ConfigMap's name in the DaemonSet.
+	ImageListVolume = "image-list"
 	// PullSecretsDir holds one directory per pull secret.
 	PullSecretsDir = "/var/run/secrets/image-prefetcher/pull-secrets"
 )
