@@ -50,7 +50,7 @@ const stateMissing = "missing"
 func newStatus(deps *Deps) *cobra.Command {
 	var kubeconfig, selector, output, domain, cleanup, startupTaint, namespace string
 	var instances []string
-	var includeUnowned bool
+	var includeUnowned, showHits bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show each node's prefetch state; exit 1 unless every selected node is succeeded",
@@ -81,7 +81,13 @@ func newStatus(deps *Deps) *cobra.Command {
 			if !flagConflicts(rows, namespace) {
 				allOK = false
 			}
-			if output == "json" {
+			if showHits {
+				ok, err := printHits(ctx, deps, client, nodes.Items, rows, domain, namespace, output)
+				if err != nil {
+					return err
+				}
+				allOK = allOK && ok
+			} else if output == "json" {
 				enc := json.NewEncoder(deps.Stdout)
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(rows); err != nil {
@@ -105,6 +111,7 @@ func newStatus(deps *Deps) *cobra.Command {
 	fs.StringVar(&startupTaint, "startup-taint", "", "startup taint key to report on (default: the key each instance's agents record in their annotation)")
 	fs.StringVar(&cleanup, "cleanup", "", "remove this retired instance's label and annotation from every (selected) node where it owns them (needs --namespace)")
 	fs.StringVar(&namespace, "namespace", "", "the instances' namespace: a key owned by another namespace is a conflict; with --cleanup, whose keys are removed")
+	fs.BoolVar(&showHits, "hits", false, "instead of the table, show whether the pods that ran each instance's images found them on the node (hits) or pulled them (misses), from the kubelet's Events of about the last hour")
 	fs.BoolVar(&includeUnowned, "include-unowned", false, "with --cleanup, also remove keys that name no owner (written by a release before owners, the reference agent or by hand)")
 	return cmd
 }
