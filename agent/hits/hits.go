@@ -34,7 +34,9 @@ type Pull struct {
 	// Container is the Event's field path, such as spec.containers{app}.
 	Container string    `json:"container"`
 	Image     string    `json:"image"`
-	Time      time.Time `json:"time"`
+	// Time is when the kubelet found the image there (a hit) or started
+	// to pull it (a miss).
+	Time time.Time `json:"time"`
 	// Hit: the kubelet found the image on the node; otherwise it pulled it.
 	Hit bool `json:"hit"`
 	// Label is the instance's label on the node at that time: succeeded,
@@ -88,8 +90,8 @@ type Instance struct {
 
 // Report is the whole view, and `status --hits -o json`.
 type Report struct {
-	// Since is the time of the oldest kubelet Pulled Event the apiserver
-	// still kept: nothing before it can be seen.
+	// Since is the time of the oldest kubelet Event the apiserver still
+	// kept: nothing before it can be seen.
 	Since     *time.Time `json:"since,omitempty"`
 	Instances []Instance `json:"instances"`
 }
@@ -103,8 +105,9 @@ type Source struct {
 	// Key is the instance's node label and annotation key.
 	Key   string
 	Nodes []corev1.Node
-	// Kubelet are the kubelet's Pulled Events of every namespace; Agent are
-	// the Events of the agent's source in the instance's namespace.
+	// Kubelet are the kubelet's Pulled and Pulling Events of every
+	// namespace; Agent are the Events of the agent's source in the
+	// instance's namespace.
 	Kubelet, Agent []corev1.Event
 }
 
@@ -148,6 +151,7 @@ func Build(src Source) Instance {
 	// label is not known.
 	type container struct{ node, pod, uid, path string }
 	first := map[container]Pull{}
+	pulling := map[container]time.Time{}
 	for i := range src.Kubelet {
 		ev := &src.Kubelet[i]
 		node := byNode[eventNode(ev)]
@@ -165,14 +169,20 @@ func Build(src Source) Instance {
 			}
 			continue
 		}
+		key := container{node.Node, obj.Namespace + "/" + obj.Name, string(obj.UID), obj.FieldPath}
+		if image, ok := kubeletPulling(ev); ok && m.matches(image) {
+			if t, seen := pulling[key]; !seen || eventTime(ev).Before(t) {
+				pulling[key] = eventTime(ev)
+			}
+			continue
+		}
 		image, hit, ok := kubeletPull(ev)
 		if !ok || !m.matches(image) {
 			continue
 		}
-		p := Pull{Pod: obj.Namespace + "/" + obj.Name, Container: obj.FieldPath, Image: image, Time: eventTime(ev), Hit: hit}
+		p := Pull{Pod: key.pod, Container: key.path, Image: image, Time: eventTime(ev), Hit: hit}
 		// A restarted container's later Events do not count again: its
 		// first start tells whether the image was there for it.
-		key := container{node.Node, p.Pod, string(obj.UID), p.Container}
 		if prev, seen := first[key]; !seen || p.Time.Before(prev.Time) {
 			first[key] = p
 		}
@@ -181,6 +191,11 @@ func Build(src Source) Instance {
 		tl.sort()
 	}
 	for key, p := range first {
+		// A pull can take minutes, and the label change meanwhile: what
+		// counts is what it said when the kubelet found the image missing.
+		if t, seen := pulling[key]; seen && !p.Hit && t.Before(p.Time) {
+			p.Time = t
+		}
 		node := byNode[key.node]
 		p.Label = lines[key.node].at(p.Time)
 		node.Pulls = append(node.Pulls, p)
@@ -206,7 +221,7 @@ func Build(src Source) Instance {
 	return inst
 }
 
-// Oldest is the time of the oldest kubelet Pulled Event, nil when none.
+// Oldest is the time of the oldest of the Events, nil when none.
 func Oldest(kubelet []corev1.Event) *time.Time {
 	var oldest *time.Time
 	for i := range kubelet {

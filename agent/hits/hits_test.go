@@ -68,23 +68,26 @@ func TestKubeletPull(t *testing.T) {
 	r := readRecording(t)
 	words := map[string]string{}
 	for _, ev := range r.Kubelet {
-		words[ev.InvolvedObject.Name] = ev.Message
+		words[ev.InvolvedObject.Name+" "+ev.Reason] = ev.Message
 	}
 	tests := []struct {
 		name, reason, message string
 		image                 string // empty: not a kubelet pull
 		hit                   bool
 	}{
-		{name: "recorded hit", reason: "Pulled", message: words["hit"], image: "present:v1", hit: true},
-		{name: "recorded miss", reason: "Pulled", message: words["miss"], image: "ghcr.io/e2e/added:v1"},
+		{name: "recorded hit", reason: "Pulled", message: words["hit Pulled"], image: "present:v1", hit: true},
+		{name: "recorded miss", reason: "Pulled", message: words["miss Pulled"], image: "ghcr.io/e2e/added:v1"},
 		// v1.36.3's image_manager.go, KubeletEnsureSecretPulledImages off
 		// (the default before 1.35).
 		{name: "hit without secret-pulled-image checks", reason: "Pulled", message: `Container image "app:1" already present on machine`, image: "app:1", hit: true},
-		{name: "folded by the recorder", reason: "Pulled", message: combinedPrefix + words["miss"], image: "ghcr.io/e2e/added:v1"},
+		{name: "folded by the recorder", reason: "Pulled", message: combinedPrefix + words["miss Pulled"], image: "ghcr.io/e2e/added:v1"},
 		{name: "quotes in the image", reason: "Pulled", message: `Container image "a\"b" already present on machine`, image: `a"b`, hit: true},
-		{name: "pulling", reason: "Pulling", message: `Pulling image "app:1"`},
+		{name: "recorded pulling", reason: "Pulling", message: words["miss Pulling"], image: "ghcr.io/e2e/added:v1"},
+		{name: "pulling, folded", reason: "Pulling", message: combinedPrefix + `Pulling image "app:1"`, image: "app:1"},
+		{name: "pulling, no quote", reason: "Pulling", message: `Pulling image app:1`},
+		{name: "pulling, other reason", reason: "Pulled", message: `Pulling image "app:1"`},
 		{name: "failed", reason: "Failed", message: `Failed to pull image "app:1": not found`},
-		{name: "other reason, same words", reason: "Created", message: words["hit"]},
+		{name: "other reason, same words", reason: "Created", message: words["hit Pulled"]},
 		{name: "no quote", reason: "Pulled", message: `Container image app:1 already present on machine`},
 		{name: "unterminated quote", reason: "Pulled", message: `Successfully pulled image "app:1`},
 		{name: "present without the rest", reason: "Pulled", message: `Container image "app:1" is gone`},
@@ -92,7 +95,15 @@ func TestKubeletPull(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			image, hit, ok := kubeletPull(&corev1.Event{Reason: tt.reason, Message: tt.message})
+			ev := &corev1.Event{Reason: tt.reason, Message: tt.message}
+			if tt.reason == "Pulling" {
+				image, ok := kubeletPulling(ev)
+				if image != tt.image || ok != (tt.image != "") {
+					t.Errorf("%q: got %q ok=%v, want %q", tt.message, image, ok, tt.image)
+				}
+				return
+			}
+			image, hit, ok := kubeletPull(ev)
 			if image != tt.image || hit != tt.hit || ok != (tt.image != "") {
 				t.Errorf("%q: got %q hit=%v ok=%v, want %q hit=%v", tt.message, image, hit, ok, tt.image, tt.hit)
 			}
@@ -197,6 +208,12 @@ func missEv(pod, node, stamp string) corev1.Event {
 	return pullEv("apps", pod, "spec.containers{app}", node, stamp, `Successfully pulled image "app:1" in 1.2s (1.2s including waiting). Image size: 100 bytes.`)
 }
 
+func pullingEv(pod, container, node, stamp string) corev1.Event {
+	ev := pullEv("apps", pod, container, node, stamp, `Pulling image "app:1"`)
+	ev.Reason = "Pulling"
+	return ev
+}
+
 func fetchStart(pod, node, stamp string) corev1.Event {
 	return pullEv("prefetch", pod, "spec.initContainers{fetch}", node, stamp, `Container image "ghcr.io/image-prefetcher/image-prefetcher:0.1.0" already present on machine`)
 }
@@ -264,6 +281,18 @@ func TestLabelAtTheTime(t *testing.T) {
 				pullEv("prefetch", ds+"-abcde", "spec.containers{watch}", "n1", "10:00", `Container image "app:1" already present on machine`),
 			},
 			want: nil,
+		},
+		{
+			// The pull started while the label said failed, and ended after
+			// the agent's repair.
+			name:  "a miss counts from the start of its pull",
+			nodes: []corev1.Node{nodeWith("n1", "succeeded", "20:00")},
+			agent: []corev1.Event{agentEv(events.ReasonPrefetched, "n1", "01:00"), agentEv(events.ReasonPrefetchFailed, "n1", "10:00"), agentEv(events.ReasonPrefetched, "n1", "20:00")},
+			kubelet: []corev1.Event{
+				pullingEv("p", "spec.containers{app}", "n1", "15:00"), missEv("p", "n1", "20:01"),
+				pullingEv("q", "spec.initContainers{init}", "n1", "05:00"), hitEv("q", "n1", "25:01"), // another container's
+			},
+			want: []string{"n1 apps/p hit=false failed", "n1 apps/q hit=true succeeded"},
 		},
 		{
 			name:  "a container counts once, by its first start",

@@ -45,9 +45,13 @@ const (
 // list cannot be read gets an Error; only a failure to list the kubelet's
 // Events fails the whole view.
 func Read(ctx context.Context, c Client, nodes []corev1.Node, domain string, want []Want) (Report, error) {
-	pulled, err := listEvents(ctx, c.Events(""), "reason="+reasonPulled+",source="+kubelet)
-	if err != nil {
-		return Report{}, fmt.Errorf("list the kubelet's Pulled Events of every namespace (status --hits needs list on events cluster-wide): %w", err)
+	var pulled []corev1.Event
+	for _, reason := range []string{reasonPulled, reasonPulling} {
+		evs, err := listEvents(ctx, c.Events(""), "reason="+reason+",source="+kubelet)
+		if err != nil {
+			return Report{}, fmt.Errorf("list the kubelet's %s Events of every namespace (status --hits needs list on events cluster-wide): %w", reason, err)
+		}
+		pulled = append(pulled, evs...)
 	}
 	r := Report{Since: Oldest(pulled), Instances: []Instance{}}
 	byNamespace := map[string][]corev1.Event{}

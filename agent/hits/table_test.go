@@ -42,7 +42,7 @@ web       n1     succeeded  1     1       1
 lost: no view: its namespace is not known
 miss: web on n1 at 2026-01-01T10:02:00Z (label succeeded): pod apps/b pulled app:2
 miss: web on n1 at 2026-01-01T10:03:00Z (label unknown, not counted): pod apps/c pulled app:2
-Counted: containers started while the node was labeled succeeded; a hit found the image on the node, a miss pulled it (the kubelet's Pulled Events, since 2026-01-01T10:00:00Z; the apiserver keeps Events for its --event-ttl, 1h by default).
+Counted: containers started while the node was labeled succeeded; a hit found the image on the node, a miss pulled it (the kubelet's Events, since 2026-01-01T10:00:00Z; the apiserver keeps Events for its --event-ttl, 1h by default).
 `
 	if got := b.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)

@@ -136,7 +136,7 @@ func TestHitsView(t *testing.T) {
 		record(ctx, t, cs, node, ds.Name, cm.Data[v1alpha1.ImageListKey])
 	}
 
-	t.Run("kubelet words", func(t *testing.T) { kubeletWords(t, pulled) })
+	t.Run("kubelet words", func(t *testing.T) { kubeletWords(ctx, t, cs) })
 	t.Run("events.k8s.io", func(t *testing.T) { sameEventsBothAPIs(ctx, t, cs, pulled) })
 	t.Run("agent cannot read Events", func(t *testing.T) { agentCannotList(ctx, t, cs, ds.Spec.Template.Spec.ServiceAccountName) })
 
@@ -274,22 +274,32 @@ func waitPulled(ctx context.Context, t *testing.T, cs kubernetes.Interface, want
 	return nil
 }
 
-// kubeletWords: the kubelet words its Events as recorded, apart from the
-// image, the durations and the size.
-func kubeletWords(t *testing.T, pulled map[string]corev1.Event) {
+// kubeletWords: the kubelet words its Pulled and Pulling Events as
+// recorded, apart from the image, the durations and the size.
+func kubeletWords(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
 	rec, err := recorded.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
-	words := map[string]string{}
-	for _, ev := range rec.Kubelet {
-		if ev.InvolvedObject.Namespace == apps {
-			words[ev.InvolvedObject.Name] = ev.Message
+	now := map[string]string{}
+	for _, reason := range []string{"Pulled", "Pulling"} {
+		l, err := cs.CoreV1().Events(apps).List(ctx, metav1.ListOptions{FieldSelector: "source=kubelet,reason=" + reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range l.Items {
+			now[ev.InvolvedObject.Name+" "+ev.Reason] = ev.Message
 		}
 	}
-	for _, pod := range []string{"hit", "miss"} {
-		if got, want := mask(pulled[pod].Message), mask(words[pod]); got != want {
-			t.Errorf("%s: the kubelet's message\n%s\nis not as recorded (run with -update if the kubelet changed on purpose):\n%s", pod, got, want)
+	then := map[string]string{}
+	for _, ev := range rec.Kubelet {
+		if ev.InvolvedObject.Namespace == apps {
+			then[ev.InvolvedObject.Name+" "+ev.Reason] = ev.Message
+		}
+	}
+	for _, k := range []string{"hit Pulled", "miss Pulling", "miss Pulled"} {
+		if now[k] == "" || mask(now[k]) != mask(then[k]) {
+			t.Errorf("%s: the kubelet's message\n%s\nis not as recorded (run with -update if the kubelet changed on purpose):\n%s", k, now[k], then[k])
 		}
 	}
 }
@@ -408,15 +418,18 @@ func record(ctx context.Context, t *testing.T, cs kubernetes.Interface, node, ds
 	rec.Node.Name = node
 	rec.Node.Labels = map[string]string{key: n.Labels[key]}
 	rec.Node.Annotations = map[string]string{key: n.Annotations[key]}
-	kl, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=Pulled,source=kubelet"})
-	if err != nil {
-		t.Fatal(err)
+	for _, reason := range []string{"Pulled", "Pulling"} {
+		l, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "source=kubelet,reason=" + reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Kubelet = append(rec.Kubelet, l.Items...)
 	}
 	al, err := cs.CoreV1().Events(instance).List(ctx, metav1.ListOptions{FieldSelector: "source=image-prefetcher"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.Kubelet, rec.Agent = kl.Items, al.Items
+	rec.Agent = al.Items
 	if err := recorded.Write(rec); err != nil {
 		t.Fatal(err)
 	}

@@ -25,8 +25,8 @@ type Recording struct {
 	// Node is the node's metadata, with the instance's label and
 	// annotation only.
 	Node metav1.ObjectMeta `json:"node"`
-	// Kubelet are the kubelet's Pulled Events of every namespace; Agent
-	// the agent's Events in the instance's namespace.
+	// Kubelet are the kubelet's Pulled and Pulling Events of every
+	// namespace; Agent the agent's Events in the instance's namespace.
 	Kubelet []corev1.Event `json:"kubelet"`
 	Agent   []corev1.Event `json:"agent"`
 }
