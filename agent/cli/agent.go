@@ -268,7 +268,8 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	a.events = &events.Recorder{Client: client, Pod: pod, PodUID: deps.Getenv("POD_UID"), Namespace: ns, Component: events.Component, Host: f.nodeName, Log: log}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
-		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries), Log: log})
+		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries),
+		ReleaseGrace: cmp.Or(a.releaseGrace, releaseGrace), Log: log})
 	if err != nil {
 		return fmt.Errorf("herd control: %w", err)
 	}
@@ -307,7 +308,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		MaxDelay:              f.maxDelay,
 		OverallTimeout:        f.overallTimeout,
 		PermanentAttempts:     f.permanentAttempts,
-		Gate:                  boundedRelease{Gate: gate, grace: cmp.Or(a.releaseGrace, releaseGrace), log: log},
+		Gate:                  gate,
 		Creds:                 provider,
 		Waiting:               a.onWaiting,
 		Log:                   log,
@@ -315,8 +316,8 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	if a.metrics != nil {
 		cfg.Observer = a.metrics
-		if f.maxConcurrentNodes > 0 {
-			cfg.Gate = boundedRelease{Gate: a.metrics.Gate(gate), grace: releaseGrace, log: log}
+		if gate != nil {
+			cfg.Gate = a.metrics.Gate(gate)
 		}
 	}
 	cfg.Progress = progressOf(runtimeName, c)

@@ -31,31 +31,35 @@ type GateConfig struct {
 	// list, so that a new list is seeded again. Empty: any finished seed
 	// counts.
 	SeedKey string
-	Log     *slog.Logger
+	// ReleaseGrace bounds giving a slot back once the run was terminated.
+	ReleaseGrace time.Duration
+	Log          *slog.Logger
 }
 
 // NewGate is the herd-control seam: with --max-concurrent-nodes=K > 0 a
-// node pulls only while it holds one of K Lease slots (see agent/slots).
+// node pulls only while it holds one of K Lease slots (see agent/slots);
+// with 0, it returns no gate.
 func NewGate(ctx context.Context, cfg GateConfig) (pull.Gate, error) {
 	if cfg.MaxConcurrentNodes == 0 {
 		if cfg.SeedNodes > 0 {
 			return nil, errors.New("--seed-nodes needs --max-concurrent-nodes")
 		}
-		return pull.NoGate{}, nil
+		return nil, nil
 	}
 	if cfg.Kube == nil {
 		return nil, errors.New("--max-concurrent-nodes needs a Kubernetes API client")
 	}
 	g, err := slots.New(slots.Config{
-		Client:    cfg.Kube.Leases(cfg.Namespace),
-		Namespace: cfg.Namespace,
-		Instance:  cfg.Instance,
-		Slots:     cfg.MaxConcurrentNodes,
-		SeedNodes: cfg.SeedNodes,
-		SeedKey:   cfg.SeedKey,
-		Herd:      HerdSize(ctx, cfg.Kube, cfg.Namespace, cfg.Pod, cfg.Log),
-		Identity:  cmp.Or(cfg.Pod, cfg.Node),
-		Logger:    cfg.Log,
+		Client:       cfg.Kube.Leases(cfg.Namespace),
+		Namespace:    cfg.Namespace,
+		Instance:     cfg.Instance,
+		Slots:        cfg.MaxConcurrentNodes,
+		SeedNodes:    cfg.SeedNodes,
+		SeedKey:      cfg.SeedKey,
+		Herd:         HerdSize(ctx, cfg.Kube, cfg.Namespace, cfg.Pod, cfg.Log),
+		Identity:     cmp.Or(cfg.Pod, cfg.Node),
+		ReleaseGrace: cfg.ReleaseGrace,
+		Logger:       cfg.Log,
 	})
 	if err != nil {
 		return nil, err
@@ -89,7 +93,7 @@ func HerdSize(ctx context.Context, k kube.Interface, namespace, pod string, log 
 	return int(max(ds.Status.DesiredNumberScheduled, 0))
 }
 
-// slotGate lets the puller see when a slot is lost.
+// slotGate is the slots' Gate as the puller sees it.
 type slotGate struct{ *slots.Gate }
 
 func (g slotGate) Hold(ctx context.Context) (pull.Slot, error) {
@@ -100,73 +104,8 @@ func (g slotGate) Hold(ctx context.Context) (pull.Slot, error) {
 	return h, nil
 }
 
-// releaseGrace is how long giving back a slot may hold up a shutdown.
+// releaseGrace is how long giving back a slot may hold up watch's
+// shutdown: it has 5 s after SIGTERM in all, and removing the label needs
+// the rest. A slot not cleared in time frees itself after the lease
+// duration.
 const releaseGrace = time.Second
-
-// boundedRelease keeps the release of a herd-control slot from holding up
-// watch's shutdown. Releasing makes API calls with timeouts of its own (it
-// must work after the run's context is done), so against a hung API server
-// it could take far longer than the 5 s watch has after SIGTERM. Once the
-// context the slot was acquired with is done, release gets releaseGrace and
-// then goes on in the background; a slot that is not cleared in time frees
-// itself after the lease duration.
-type boundedRelease struct {
-	pull.Gate
-	grace time.Duration
-	log   *slog.Logger
-}
-
-func (g boundedRelease) Acquire(ctx context.Context) (func(), error) {
-	release, err := g.Gate.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return g.bound(ctx, release), nil
-}
-
-// Hold is Acquire for a gate whose slots can be lost.
-func (g boundedRelease) Hold(ctx context.Context) (pull.Slot, error) {
-	sg, ok := g.Gate.(pull.SlotGate)
-	if !ok {
-		release, err := g.Acquire(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return boundedSlot{release: release}, nil
-	}
-	s, err := sg.Hold(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return boundedSlot{release: g.bound(ctx, s.Release), lost: s.Lost()}, nil
-}
-
-type boundedSlot struct {
-	release func()
-	lost    <-chan struct{}
-}
-
-func (s boundedSlot) Release()              { s.release() }
-func (s boundedSlot) Lost() <-chan struct{} { return s.lost }
-
-// bound returns release, limited to grace once ctx is done.
-func (g boundedRelease) bound(ctx context.Context, release func()) func() {
-	return func() {
-		if ctx.Err() == nil {
-			release()
-			return
-		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			release()
-		}()
-		t := time.NewTimer(g.grace)
-		defer t.Stop()
-		select {
-		case <-done:
-		case <-t.C:
-			g.log.Warn("releasing the pull slot is slow; not waiting for it while terminating (the slot frees itself after its lease duration)", "waited", g.grace)
-		}
-	}
-}

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -230,72 +229,6 @@ func TestWatchTerminatedDuringStartUpExitsCleanly(t *testing.T) {
 				t.Errorf("label present %v, want %v", has, tt.wantLabel)
 			}
 			e.assertOthersUntouched()
-		})
-	}
-}
-
-// blockingGate hands out a slot whose release blocks until unblock closes.
-type blockingGate struct {
-	unblock  chan struct{}
-	released chan struct{}
-}
-
-func (g *blockingGate) Acquire(context.Context) (func(), error) {
-	return func() {
-		<-g.unblock
-		close(g.released)
-	}, nil
-}
-
-func TestBoundedRelease(t *testing.T) {
-	// A release that can finish gets a grace far longer than it needs, so
-	// that a slow machine cannot make it miss; a hung one gets a short
-	// grace, as the test checks that it is abandoned, not when.
-	tests := []struct {
-		name     string
-		cancel   bool
-		unblock  bool // the release can finish
-		grace    time.Duration
-		wantDone bool // release had finished when the wrapper returned
-		wantWarn bool
-	}{
-		{name: "running: release is waited for", cancel: false, unblock: true, grace: time.Minute, wantDone: true},
-		{name: "terminating, release is quick: waited for", cancel: true, unblock: true, grace: time.Minute, wantDone: true},
-		{name: "terminating, release hangs: not waited for", cancel: true, unblock: false, grace: 10 * time.Millisecond, wantDone: false, wantWarn: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			inner := &blockingGate{unblock: make(chan struct{}), released: make(chan struct{})}
-			if tt.unblock {
-				close(inner.unblock)
-			} else {
-				t.Cleanup(func() { close(inner.unblock) })
-			}
-			var logs syncBuffer
-			g := boundedRelease{Gate: inner, grace: tt.grace, log: slog.New(slog.NewTextHandler(&logs, nil))}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			release, err := g.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tt.cancel {
-				cancel()
-			}
-			release()
-			select {
-			case <-inner.released:
-				if !tt.wantDone {
-					t.Error("the hung release finished")
-				}
-			default:
-				if tt.wantDone {
-					t.Error("returned before the release finished")
-				}
-			}
-			if got := strings.Contains(logs.String(), "releasing the pull slot is slow"); got != tt.wantWarn {
-				t.Errorf("warning logged %v, want %v: %s", got, tt.wantWarn, logs.String())
-			}
 		})
 	}
 }

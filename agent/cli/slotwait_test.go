@@ -15,14 +15,20 @@ import (
 // does while every slot is taken (a rollout with a small K: hours).
 type busyGate struct{ open chan struct{} }
 
-func (g busyGate) Acquire(ctx context.Context) (func(), error) {
+func (g busyGate) Hold(ctx context.Context) (pull.Slot, error) {
 	select {
 	case <-g.open:
-		return func() {}, nil
+		return freeSlot{}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 }
+
+// freeSlot is a slot that cannot be lost.
+type freeSlot struct{}
+
+func (freeSlot) Release()              {}
+func (freeSlot) Lost() <-chan struct{} { return nil }
 
 // A garbage-collected image makes watch wait for a pull slot. Meanwhile the
 // label must say the image is missing, and a deleted label or a re-created

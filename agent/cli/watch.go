@@ -32,7 +32,7 @@ func newWatch(deps *Deps) *cobra.Command {
 			stoppedAt := doneAt(ctx)
 			f.parsed(cmd)
 			a := newAgent(f, deps)
-			kp := &keeper{a: a}
+			kp := newKeeper(a)
 			a.onWaiting, a.afterPull = kp.waiting, kp.end
 			// The label must be gone within removeBudget of the signal, however
 			// long the loop takes to notice it.

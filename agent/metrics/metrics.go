@@ -111,7 +111,9 @@ func (m *Metrics) Failed(fs []Failure) {
 // LabelConflict counts one change of the node key by another writer.
 func (m *Metrics) LabelConflict() { m.LabelConflicts.Inc() }
 
-// Gate measures the waits for a herd-control slot of g.
+// Gate measures the waits for a herd-control slot of g. The slot it
+// returns is g's own: its loss, its release and the release's grace are
+// those of g.
 func (m *Metrics) Gate(g pull.Gate) pull.Gate { return waitGate{g: g, m: m} }
 
 type waitGate struct {
@@ -119,15 +121,15 @@ type waitGate struct {
 	m *Metrics
 }
 
-func (w waitGate) Acquire(ctx context.Context) (func(), error) {
+func (w waitGate) Hold(ctx context.Context) (pull.Slot, error) {
 	start := time.Now()
 	w.m.SlotWaiting.Set(1)
-	release, err := w.g.Acquire(ctx)
+	s, err := w.g.Hold(ctx)
 	w.m.SlotWaiting.Set(0)
 	if err == nil {
 		w.m.SlotWait.Observe(time.Since(start).Seconds())
 	}
-	return release, err
+	return s, err
 }
 
 // Attempt counts one pull attempt.

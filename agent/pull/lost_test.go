@@ -26,8 +26,6 @@ type lossySlot struct {
 func (s *lossySlot) Release()              { s.released = true }
 func (s *lossySlot) Lost() <-chan struct{} { return s.lost }
 
-func (g *lossyGate) Acquire(context.Context) (func(), error) { panic("Hold must be used") }
-
 func (g *lossyGate) Hold(ctx context.Context) (Slot, error) {
 	g.mu.Lock()
 	g.holds++

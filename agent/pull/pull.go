@@ -28,32 +28,20 @@ type Credentials interface {
 	Lookup(ctx context.Context, image string) []cri.Auth
 }
 
-// Gate limits how many nodes pull at the same time. Acquire is called once
-// per run, only when at least one image really needs pulling, and release
-// is called when pulling is done.
+// Gate limits how many nodes pull at the same time (herd control). Hold is
+// called once per run, only when at least one image really needs pulling,
+// and the slot is released when pulling is done.
 type Gate interface {
-	Acquire(ctx context.Context) (release func(), err error)
+	Hold(ctx context.Context) (Slot, error)
 }
 
 // Slot is a held slot of a gate.
 type Slot interface {
 	Release()
-	// Lost is closed when the slot is lost while held; nil if it cannot be.
+	// Lost is closed when the slot is lost while held: the puller then
+	// stops pulling, and waits for a slot again.
 	Lost() <-chan struct{}
 }
-
-// SlotGate is a Gate whose slots can be lost while held (herd control's
-// Leases). The puller stops pulling when that happens, and waits for a
-// slot again.
-type SlotGate interface {
-	Hold(ctx context.Context) (Slot, error)
-}
-
-// NoGate lets every node pull at once.
-type NoGate struct{}
-
-// Acquire returns immediately.
-func (NoGate) Acquire(context.Context) (func(), error) { return func() {}, nil }
 
 // Observer receives measurements, for metrics.
 type Observer interface {
@@ -92,6 +80,7 @@ type Config struct {
 	// permanent (not found, unauthorized, ...).
 	PermanentAttempts int
 
+	// Gate is herd control; nil lets every node pull at once.
 	Gate Gate
 	// Waiting, when set, is called with the results of the ImageStatus
 	// pass just before a slot is asked for, when something needs pulling:
@@ -137,9 +126,6 @@ func (c *Config) defaults() {
 		// Several looks within the shortest timeout, so that one look
 		// that comes too early, or fails, does not cut a pull.
 		c.ProgressInterval = max(min(DefaultProgressInterval, c.InitialAttemptTimeout/5), 100*time.Millisecond)
-	}
-	if c.Gate == nil {
-		c.Gate = NoGate{}
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
@@ -222,7 +208,11 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 			results[i].Reason, results[i].Message = ReasonInvalidReference, e.Err.Error()
 			continue
 		}
-		if policy == v1alpha1.PullAlways || policy == v1alpha1.PullKubelet && imagelist.PullAlways(e.Normalized) {
+		// Under herd control, a :latest image under the Kubelet policy is
+		// pulled only when missing: pulled on every run, it would make
+		// every node with every image present take a slot. Pods ask the
+		// registry for it anyway when they start.
+		if policy == v1alpha1.PullAlways || policy == v1alpha1.PullKubelet && imagelist.PullAlways(e.Normalized) && p.cfg.Gate == nil {
 			pullAnyway[i] = true
 			continue
 		}
@@ -314,23 +304,19 @@ func (p *Puller) holdAndPull(ctx context.Context, jobs []*job, budget time.Durat
 	return left, budget - time.Since(start), nil
 }
 
-// hold takes a slot from the gate.
+// hold takes a slot from the gate, if there is one.
 func (p *Puller) hold(ctx context.Context) (Slot, error) {
-	if g, ok := p.cfg.Gate.(SlotGate); ok {
-		return g.Hold(ctx)
+	if p.cfg.Gate == nil {
+		return noSlot{}, nil
 	}
-	release, err := p.cfg.Gate.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return plainSlot(release), nil
+	return p.cfg.Gate.Hold(ctx)
 }
 
-// plainSlot is a slot that cannot be lost.
-type plainSlot func()
+// noSlot is what pulling without herd control holds.
+type noSlot struct{}
 
-func (s plainSlot) Release()            { s() }
-func (plainSlot) Lost() <-chan struct{} { return nil }
+func (noSlot) Release()              {}
+func (noSlot) Lost() <-chan struct{} { return nil }
 
 // slotLost reports whether ctx ended because the slot was lost.
 func slotLost(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrSlotLost) }

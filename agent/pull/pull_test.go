@@ -55,10 +55,15 @@ func containerdRef(ref string) string {
 
 type countingGate struct{ acquired, released int }
 
-func (g *countingGate) Acquire(context.Context) (func(), error) {
+func (g *countingGate) Hold(context.Context) (Slot, error) {
 	g.acquired++
-	return func() { g.released++ }, nil
+	return countedSlot{g}, nil
 }
+
+type countedSlot struct{ g *countingGate }
+
+func (s countedSlot) Release()            { s.g.released++ }
+func (countedSlot) Lost() <-chan struct{} { return nil }
 
 type noCreds struct{}
 
@@ -91,25 +96,43 @@ func TestGateIsTakenOnlyWhenSomethingNeedsPulling(t *testing.T) {
 	}
 }
 
+// Which present image each policy pulls again, and whether that takes a
+// herd-control slot. Under herd control the Kubelet policy's :latest is
+// pulled only when missing, so that a node with every image present
+// takes no slot (finding 6 of issue 27).
 func TestPolicies(t *testing.T) {
+	digest := "a@sha256:" + "0123456789012345678901234567890123456789012345678901234567890123"
 	cases := []struct {
 		policy v1alpha1.PullPolicy
 		ref    string
+		gate   bool
 		pulls  int
 	}{
-		{v1alpha1.PullKubelet, "a:1", 0},
-		{v1alpha1.PullKubelet, "a:latest", 1},
-		{v1alpha1.PullKubelet, "a", 1},
-		{v1alpha1.PullKubelet, "a@sha256:" + "0123456789012345678901234567890123456789012345678901234567890123", 0},
-		{v1alpha1.PullIfNotPresent, "a:latest", 0},
-		{v1alpha1.PullAlways, "a:1", 1},
+		{v1alpha1.PullKubelet, "a:1", false, 0},
+		{v1alpha1.PullKubelet, "a:latest", false, 1},
+		{v1alpha1.PullKubelet, "a", false, 1},
+		{v1alpha1.PullKubelet, digest, false, 0},
+		{v1alpha1.PullIfNotPresent, "a:latest", false, 0},
+		{v1alpha1.PullAlways, "a:1", false, 1},
+		{v1alpha1.PullKubelet, "a:1", true, 0},
+		{v1alpha1.PullKubelet, "a:latest", true, 0},
+		{v1alpha1.PullKubelet, "a", true, 0},
+		{v1alpha1.PullAlways, "a:1", true, 1},
 	}
 	for _, c := range cases {
 		e := entries(c.ref)[0]
 		rt := &memRuntime{present: map[string]bool{e.Normalized: true}, pulls: map[string]int{}}
-		New(rt, Config{Policy: c.policy, Creds: noCreds{}}).Run(context.Background(), []imagelist.Entry{e}, "")
+		cfg := Config{Policy: c.policy, Creds: noCreds{}}
+		g := &countingGate{}
+		if c.gate {
+			cfg.Gate = g
+		}
+		New(rt, cfg).Run(context.Background(), []imagelist.Entry{e}, "")
 		if rt.pulls[e.Normalized] != c.pulls {
-			t.Errorf("%s %s: %d pulls, want %d", c.policy, c.ref, rt.pulls[e.Normalized], c.pulls)
+			t.Errorf("%s %s, herd control %v: %d pulls, want %d", c.policy, c.ref, c.gate, rt.pulls[e.Normalized], c.pulls)
+		}
+		if c.gate && g.acquired != c.pulls {
+			t.Errorf("%s %s: %d slots taken for %d pulls", c.policy, c.ref, g.acquired, c.pulls)
 		}
 	}
 }

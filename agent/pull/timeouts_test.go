@@ -142,10 +142,10 @@ func TestOverallTimeoutStartsWhenPullingStarts(t *testing.T) {
 // clockGate records when it handed out its slot.
 type clockGate struct{ acquired time.Time }
 
-func (g *clockGate) Acquire(context.Context) (func(), error) {
+func (g *clockGate) Hold(context.Context) (Slot, error) {
 	tick()
 	g.acquired = time.Now()
-	return func() {}, nil
+	return noSlot{}, nil
 }
 
 // tick waits for the monotonic clock to move on, so that a deadline set

@@ -2,7 +2,6 @@ package slots
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -291,13 +290,17 @@ func (f *fakeAPI) sneak(t *testing.T, name string, change func(*coordinationv1.L
 	f.record(watch.Modified, next)
 }
 
-// gate builds a Gate on the fake. Durations below a second are allowed
-// here (New rounds them up for the API; tests set them afterwards) so
-// that expiry tests run fast; the Lease then says 0 seconds and readers
-// fall back to the configured duration.
+// gate builds a Gate on the fake (or on cfg.Client, a wrapper of it).
+// Durations below a second are allowed here (New rounds them up for the
+// API; tests set them afterwards) so that expiry tests run fast; the Lease
+// then says 0 seconds and readers fall back to the configured duration.
+// The hand-over pace and the first pause after a failed call are
+// shortened alike.
 func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *Gate {
 	t.Helper()
-	cfg.Client = f.cs.CoordinationV1().Leases(testNS)
+	if cfg.Client == nil {
+		cfg.Client = f.leases()
+	}
 	cfg.Namespace = testNS
 	if cfg.Instance == "" {
 		cfg.Instance = "demo"
@@ -305,10 +308,6 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if cfg.Identity == "" {
 		cfg.Identity = "pod"
 	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 10 * time.Millisecond
-	}
-	cfg.Poll = cfg.Poll || fakePoll
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	g, err := New(cfg)
 	if err != nil {
@@ -317,30 +316,20 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if leaseDuration > 0 {
 		g.cfg.LeaseDuration = leaseDuration
 	}
-	g.firstWindow = 10 * time.Millisecond
-	g.relistBackoff = 10 * time.Millisecond
+	g.pace = time.Millisecond
+	g.retry = 10 * time.Millisecond
 	return g
 }
 
-// fakePoll makes gate build polling gates; the tests here run one at a
-// time, so bothWays may set it.
-var fakePoll bool
+func (f *fakeAPI) leases() LeaseClient { return f.cs.CoordinationV1().Leases(testNS) }
 
-// bothWays runs a test with waiters that watch and with waiters that poll.
-func bothWays(t *testing.T, test func(t *testing.T)) {
-	for _, poll := range []bool{false, true} {
-		t.Run(fmt.Sprintf("poll=%v", poll), func(t *testing.T) {
-			fakePoll = poll
-			defer func() { fakePoll = false }()
-			test(t)
-		})
-	}
-}
-
+// hold holds a slot of g. Its context ends only if the wait fails: a
+// context that has ended makes a seed's release one that was cut short.
 func hold(t *testing.T, g *Gate) *Holding {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	defer time.AfterFunc(30*time.Second, cancel).Stop()
 	h, err := g.Hold(ctx)
 	if err != nil {
 		t.Fatalf("Hold: %v", err)
@@ -353,4 +342,14 @@ func hold(t *testing.T, g *Gate) *Holding {
 func crash(h *Holding) {
 	h.stop()
 	<-h.done
+}
+
+// lost reports whether h has lost its slot.
+func lost(h *Holding) bool {
+	select {
+	case <-h.Lost():
+		return true
+	default:
+		return false
+	}
 }

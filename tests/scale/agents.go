@@ -44,7 +44,6 @@ type agentsSpec struct {
 	// DaemonSet's status.desiredNumberScheduled (cli.HerdSize), which no
 	// controller fills in here.
 	Herd   int       `json:"herd"`
-	Poll   bool      `json:"poll"`
 	Images []Image   `json:"images"`
 	Socket string    `json:"socket"`
 	Agents []agentID `json:"agents"`
@@ -239,7 +238,6 @@ func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers 
 		SeedKey:   spec.SeedKey,
 		Herd:      spec.Herd,
 		Identity:  id.Pod,
-		Poll:      spec.Poll,
 		Logger:    log,
 	})
 	if err != nil {
@@ -286,14 +284,6 @@ func (noCreds) Lookup(context.Context, string) []cri.Auth { return nil }
 type recordingGate struct {
 	g    *slots.Gate
 	emit func(kind string, slot int, value string)
-}
-
-func (r *recordingGate) Acquire(ctx context.Context) (func(), error) {
-	s, err := r.Hold(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s.Release, nil
 }
 
 func (r *recordingGate) Hold(ctx context.Context) (pull.Slot, error) {

@@ -67,25 +67,21 @@ func (r Report) Markdown() string {
 	if r.PlotFile != "" {
 		fmt.Fprintf(&b, "![Nodes labeled over time](%s)\n\n", r.PlotFile)
 	}
-	b.WriteString("| run | nodes | K | seed | waiter | last label | ideal | ratio | API req/s (all) | apiserver CPU (cores) | waiter req/s | waiter req per waiting node per min | waiting nodes (mean) | waiter req per slot taken | holder writes/s | label patches/s | hand-over p50 / p99 / max (n) | peak held: agents / API | agents CPU per agent | RSS per agent | served / needed |\n")
-	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
+	b.WriteString("| run | nodes | K | seed | last label | ideal | ratio | API req/s (all) | apiserver CPU (cores) | waiter req/s | waiter req per waiting node per min | waiting nodes (mean) | waiter req per slot taken | holder writes/s | label patches/s | hand-over p50 / p99 / max (n) | peak held: agents / API | agents CPU per agent | RSS per agent | served / needed |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
 	for _, run := range r.Runs {
 		c := run.Config
-		mode := "watch"
-		if c.Poll {
-			mode = "poll"
-		}
 		seed := "–"
 		if c.SeedNodes > 0 {
 			seed = fmt.Sprint(c.SeedNodes)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %.1f s | %.1f s | %.2f× | %.1f | %.2f | %.1f | %.2f | %.0f | %.2f | %.1f | %.1f | %s / %s / %s (%d) | %d / %d | %s | %s | %.3f× |\n",
-			c.Name(), c.Nodes, c.Slots, seed, mode, run.Last.Seconds(), run.Ideal.Seconds(), run.Ratio(),
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %.1f s | %.1f s | %.2f× | %.1f | %.2f | %.1f | %.2f | %.0f | %.2f | %.1f | %.1f | %s / %s / %s (%d) | %d / %d | %s | %s | %.3f× |\n",
+			c.Name(), c.Nodes, c.Slots, seed, run.Last.Seconds(), run.Ideal.Seconds(), run.Ratio(),
 			run.Window.Total(), run.Window.CPU, run.Window.Waiters(), run.PerWaiterMinute(), run.WindowWaiting, run.PerHold(), run.Window.Holders(), run.Window.Labels(),
 			ms(run.HandOverP50), ms(run.HandOverP99), ms(run.HandOverMax), run.HandOvers,
 			run.PeakHeldAgents, run.PeakHeldAPI, ms(run.CPUPerAgent()), size(run.RSSPerAgent()), float64(run.Served)/float64(run.Needed))
 	}
-	b.WriteString("\nRates are over the steady-state window. How to read the waiters' cost: a watching waiter costs nothing while nothing changes, and each hand-over costs the writes of the racers that lose it (409 Conflict) and a list and watch every 5–10 min per waiter (the slow resync); spread over the waiting nodes, that is (slots taken per second × requests per slot taken) ÷ waiting nodes. Here the registry gives a node its set in K × set ÷ C (1 s at K=10), so slots are taken C ÷ set = 10 times per second whatever K; in a cluster where a node pulls for minutes, slots change hands a hundred times more slowly, and so does that cost. A polling waiter's cost does not depend on it: 30 GETs per minute each. Every run's labels were read back from the API:\n\n")
+	b.WriteString("\nRates are over the steady-state window. How to read the waiters' cost: a watching waiter costs nothing while nothing changes, and each hand-over costs the writes of the racers that lose it (409 Conflict) and a list and watch every 5–10 min per waiter (the slow resync); spread over the waiting nodes, that is (slots taken per second × requests per slot taken) ÷ waiting nodes. Here the registry gives a node its set in K × set ÷ C (1 s at K=10), so slots are taken C ÷ set = 10 times per second whatever K; in a cluster where a node pulls for minutes, slots change hands a hundred times more slowly, and so does that cost. Every run's labels were read back from the API:\n\n")
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "- %s: %d succeeded, %d failed, %d agents without a label; %d slots lost while held; %d hand-overs never completed; %d pulls cancelled; the harness's Lease watch ended by the apiserver %d times; steady-state window %.1f–%.1f s.\n",
 			run.Config.Name(), run.Succeeded, run.Failed, run.AgentFailures, run.Lost, run.HandOverMissing, run.Cancelled, run.WatchRestarts, run.WindowStart.Seconds(), run.WindowEnd.Seconds())
@@ -98,7 +94,7 @@ func (r Report) Markdown() string {
 		maxN = max(maxN, run.Config.Nodes)
 	}
 	for _, run := range r.Runs {
-		if run.Config.Nodes != maxN || run.Config.Poll {
+		if run.Config.Nodes != maxN {
 			continue
 		}
 		n := run.Config.Name()
@@ -108,21 +104,6 @@ func (r Report) Markdown() string {
 		fmt.Fprintf(&b, "| %s | last label ≤ %.1f× ideal | %.2f× | %s |\n", n, targetRatio, run.Ratio(), yes(run.Ratio() <= targetRatio))
 		peak := max(run.PeakHeldAgents, run.PeakHeldAPI)
 		fmt.Fprintf(&b, "| %s | peak holders ≤ K = %d | %d | %s |\n", n, run.Config.Slots, peak, yes(peak <= run.Config.Slots))
-	}
-
-	if pairs := r.pollWatchPairs(); len(pairs) > 0 {
-		b.WriteString("\n## Polling and watching side by side\n\n`slots.Config.Poll` selects the old polling waiter (each waiting node reads one slot Lease every 2 s ± 50 %) instead of the watch on the slot Leases (the default). Both in the same make scale run, on the same apiserver:\n\n")
-		b.WriteString("| run | waiter | waiter req per waiting node per min | waiter req/s | API req/s (all) | apiserver CPU (cores) | hand-over p50 / p99 | last label ÷ ideal | agents CPU per agent |\n|---|---|---:|---:|---:|---:|---|---:|---:|\n")
-		for _, pr := range pairs {
-			for _, run := range pr {
-				mode := "watch"
-				if run.Config.Poll {
-					mode = "poll"
-				}
-				fmt.Fprintf(&b, "| %s | %s | %.2f | %.1f | %.1f | %.2f | %s / %s | %.2f× | %s |\n", run.Config.Name(), mode, run.PerWaiterMinute(), run.Window.Waiters(),
-					run.Window.Total(), run.Window.CPU, ms(run.HandOverP50), ms(run.HandOverP99), run.Ratio(), ms(run.CPUPerAgent()))
-			}
-		}
 	}
 
 	b.WriteString("\n## Requests by kind, steady state\n\nThe apiserver's `apiserver_request_total` over each run's window, requests per second by verb, resource and code (series under 0.05/s left out).\n\n")
@@ -223,23 +204,4 @@ func (r Report) WritePlot(path string) error {
 		return err
 	}
 	return bench.SavePlot(p, 11*vg.Inch, 7*vg.Inch, path)
-}
-
-// pollWatchPairs are the runs that differ only in the waiter, watch first.
-func (r Report) pollWatchPairs() [][2]Run {
-	var out [][2]Run
-	for _, p := range r.Runs {
-		if !p.Config.Poll {
-			continue
-		}
-		for _, w := range r.Runs {
-			c := p.Config
-			c.Poll = false
-			if w.Config == c {
-				out = append(out, [2]Run{w, p})
-				break
-			}
-		}
-	}
-	return out
 }

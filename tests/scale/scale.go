@@ -41,20 +41,13 @@ type Config struct {
 	Nodes     int
 	Slots     int
 	SeedNodes int
-	// Poll selects the polling waiter instead of the watch.
-	Poll bool
 }
 
-// Name is a short name such as n1000-k10-seed1-poll.
+// Name is a short name such as n1000-k10-seed1.
 func (c Config) Name() string {
 	s := fmt.Sprintf("n%d-k%d", c.Nodes, c.Slots)
 	if c.SeedNodes > 0 {
 		s += fmt.Sprintf("-seed%d", c.SeedNodes)
-	}
-	if c.Poll {
-		s += "-poll"
-	} else {
-		s += "-watch"
 	}
 	return s
 }
@@ -316,7 +309,7 @@ func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]
 	for p := 0; p*per < cfg.Nodes; p++ {
 		spec := agentsSpec{
 			Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
-			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Herd: cfg.Nodes, Poll: cfg.Poll,
+			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Herd: cfg.Nodes,
 			Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
 		}
 		for i := p * per; i < min((p+1)*per, cfg.Nodes); i++ {
@@ -675,27 +668,20 @@ func copyDir(src, dst string) error {
 	})
 }
 
-// DefaultConfigs are issue 18's runs: 100, 300 and 1,000 nodes with K=10,
-// K=50 and one seed with K=10, all waiting by watch, and 1,000 nodes with
-// K=10 waiting by polling, for the comparison.
+// DefaultConfigs are the runs: 100, 300 and 1,000 nodes with K=10, K=50
+// and one seed with K=10.
 func DefaultConfigs() []Config {
 	var out []Config
 	for _, n := range []int{100, 300, 1000} {
 		out = append(out, Config{Nodes: n, Slots: 10}, Config{Nodes: n, Slots: 50}, Config{Nodes: n, Slots: 10, SeedNodes: 1})
 	}
-	return append(out, Config{Nodes: 1000, Slots: 10, Poll: true})
+	return out
 }
 
-// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>][-watch|-poll].
+// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>].
 func ParseConfig(s string) (Config, error) {
 	var c Config
 	rest := s
-	switch {
-	case strings.HasSuffix(rest, "-poll"):
-		c.Poll, rest = true, strings.TrimSuffix(rest, "-poll")
-	default:
-		rest = strings.TrimSuffix(rest, "-watch")
-	}
 	var n int
 	var err error
 	if i := strings.Index(rest, "-seed"); i >= 0 {
@@ -705,8 +691,8 @@ func ParseConfig(s string) (Config, error) {
 	if err == nil {
 		n, err = fmt.Sscanf(rest, "n%d-k%d", &c.Nodes, &c.Slots)
 	}
-	if err != nil || n != 2 || c.Nodes < 1 || c.Slots < 1 || (c.Name() != s && c.Name() != s+"-watch") {
-		return Config{}, fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>][-watch|-poll], e.g. n1000-k10-seed1-poll", s)
+	if err != nil || n != 2 || c.Nodes < 1 || c.Slots < 1 || c.Name() != s {
+		return Config{}, fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>], e.g. n1000-k10-seed1", s)
 	}
 	return c, nil
 }

@@ -2,20 +2,24 @@ package slots_test
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
 
-// slotGate lets the puller see a lost slot, as the agent's own adapter
-// does (agent/cli).
+// slotGate is the slots' gate as the puller sees it, as the agent's own
+// adapter (agent/cli) makes it.
 type slotGate struct{ *slots.Gate }
 
 func (g slotGate) Hold(ctx context.Context) (pull.Slot, error) {
@@ -92,35 +96,45 @@ type noCreds struct{}
 
 func (noCreds) Lookup(context.Context, string) []cri.Auth { return nil }
 
-// testOutageCap: K = 1. Node a holds the slot and pulls; node b waits. The
-// apiserver goes away for longer than the lease duration, so a cannot
-// renew. a stops pulling when it stops counting itself as holder (two
-// thirds of the lease), before b can take the slot (a full lease after it
-// last saw a renewal), so no moment has two nodes pulling, and both end
-// with the image.
-func (e *testEnv) testOutageCap(t *testing.T) {
+// testOutage: K = 2, three nodes, each with the real puller behind the
+// agent's own gate with metrics on (metrics wraps the slots' gate). Two
+// hold a slot and pull; the third waits. The apiserver goes away for 30 s,
+// far longer than the lease: the holders cannot renew, stop counting
+// themselves after two thirds of the lease and stop pulling, before the
+// waiter could take a slot a full lease after it last saw a renewal. No
+// moment has more than K nodes pulling, and every node ends with its
+// image.
+func (e *testEnv) testOutage(t *testing.T) {
 	const (
-		instance = "outage-cap"
+		k        = 2
+		instance = "outage"
 		duration = 3 * time.Second
+		outage   = 30 * time.Second
 	)
-	token := e.agentToken(t, instance, 1)
+	token := e.agentToken(t, instance, k)
 	p := &pullers{pulling: map[string]int{}, cancelled: map[string]int{}, release: make(chan struct{})}
 	var b imagelist.Builder
 	b.Add(0, "ghcr.io/team/big:1")
 	list := b.List().Entries
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	results := make(chan []pull.Result, 2)
+	results := make(chan []pull.Result, 3)
 	run := func(node string) {
-		g := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: node, LeaseDuration: duration})
+		g := e.gate(t, token, instance, slots.Config{Slots: k, Identity: node, LeaseDuration: duration, Herd: 3})
 		rt := &nodeRuntime{node: node, p: p, present: map[string]bool{}}
-		pl := pull.New(rt, pull.Config{Gate: slotGate{g}, Creds: noCreds{}, OverallTimeout: 2 * time.Minute,
+		pl := pull.New(rt, pull.Config{Gate: metrics.New().Gate(slotGate{g}), Creds: noCreds{}, OverallTimeout: 2 * time.Minute,
 			Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", node)})
 		go func() { results <- pl.Run(ctx, list, "") }()
 	}
-	waitFor := func(what string, cond func() bool) {
+	waitFor := func(what string, cond func(p *pullers) bool) {
 		t.Helper()
-		for !cond() {
+		for {
+			p.mu.Lock()
+			ok := cond(p)
+			p.mu.Unlock()
+			if ok {
+				return
+			}
 			if ctx.Err() != nil {
 				t.Fatalf("gave up waiting for %s", what)
 			}
@@ -128,22 +142,26 @@ func (e *testEnv) testOutageCap(t *testing.T) {
 		}
 	}
 	run("a")
-	waitFor("node a pulling", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.pulling["a"] > 0 })
 	run("b")
-	time.Sleep(time.Second) // b looks at the busy slot
+	waitFor("two nodes pulling", func(p *pullers) bool { return p.nodes() == k })
+	run("c")
+	stopped := time.Now()
 	if err := e.c.StopAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("node a to stop pulling", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.cancelled["a"] > 0 })
-	time.Sleep(2 * duration) // the Lease is now expired for everyone
+	waitFor("the holders to stop pulling", func(p *pullers) bool { return p.nodes() == 0 })
+	t.Logf("the holders stopped pulling %v into the outage", time.Since(stopped).Round(time.Millisecond))
+	select {
+	case <-time.After(time.Until(stopped.Add(outage))):
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
 	if err := e.c.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Someone takes the slot again and pulls.
-	waitFor("a node pulling after the outage", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.nodes() > 0 })
-	time.Sleep(2 * duration) // renewals, and b or a still waiting
+	waitFor("two nodes pulling after the outage", func(p *pullers) bool { return p.nodes() == k })
 	close(p.release)
-	for range 2 {
+	for range 3 {
 		for _, r := range <-results {
 			if !r.Present {
 				t.Errorf("%+v, want present", r)
@@ -152,8 +170,72 @@ func (e *testEnv) testOutageCap(t *testing.T) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.max > 1 {
-		t.Errorf("%d nodes pulled at once with K = 1 across the outage", p.max)
+	if p.max > k {
+		t.Errorf("%d nodes pulled at once with K = %d across the outage", p.max, k)
 	}
-	t.Logf("%s", fmt.Sprintf("cancelled pulls per node: %v; most nodes pulling at once: %d", p.cancelled, p.max))
+	if p.cancelled["a"] == 0 || p.cancelled["b"] == 0 {
+		t.Errorf("cancelled pulls per node %v: a holder that could not renew went on pulling", p.cancelled)
+	}
+	t.Logf("cancelled pulls per node: %v; most nodes pulling at once: %d", p.cancelled, p.max)
+}
+
+// testLostAnswer: the answer to a node's take is lost (the connection
+// drops after the apiserver made the write). The node sees itself as the
+// holder in its watch and writes the slot again, so that it holds it from
+// a write it sent; meanwhile the other node waits. Never two holders.
+func (e *testEnv) testLostAnswer(t *testing.T) {
+	const instance = "lost-answer"
+	token := e.agentToken(t, instance, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	dropped, writes := false, 0
+	a := e.wrappedGate(t, token, instance, slots.Config{Slots: 1, Identity: "a", LeaseDuration: 2 * time.Second, Herd: 2},
+		func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(r)
+			if r.Method != http.MethodPut && r.Method != http.MethodPost {
+				return resp, err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			writes++
+			if err == nil && !dropped {
+				dropped = true
+				resp.Body.Close()
+				return nil, errors.New("connection reset by peer (the test dropped the answer)")
+			}
+			return resp, err
+		})
+	h, err := a.Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if !dropped || writes < 2 {
+		t.Errorf("answer dropped %v, %d writes: want the lost one and the one that took the slot again", dropped, writes)
+	}
+	mu.Unlock()
+	l, err := e.admin.CoordinationV1().Leases(e.ns).Get(ctx, h.Name(), metav1.GetOptions{})
+	if err != nil || holderOf(l) != h.Identity() {
+		t.Fatalf("Lease %s: holder %q (%v), want %q", h.Name(), holderOf(l), err, h.Identity())
+	}
+	bg := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "b", LeaseDuration: 2 * time.Second, Herd: 2})
+	got := make(chan *slots.Holding, 1)
+	go func() {
+		if h, err := bg.Hold(ctx); err == nil {
+			got <- h
+		}
+	}()
+	select {
+	case <-got:
+		t.Fatal("another node took the slot while the first held it")
+	case <-time.After(3 * time.Second): // longer than the lease: renewals keep it
+	}
+	h.Release()
+	select {
+	case b := <-got:
+		b.Release()
+	case <-ctx.Done():
+		t.Fatal("the slot was never handed over")
+	}
 }

@@ -64,9 +64,10 @@ func runHolder() int {
 	}
 	k, _ := strconv.Atoi(os.Getenv(envSlots))
 	d, _ := time.ParseDuration(os.Getenv(envDuration))
+	ns := os.Getenv(envNamespace)
 	g, err := slots.New(slots.Config{
-		Leases: cs.CoordinationV1(), Namespace: os.Getenv(envNamespace), Instance: os.Getenv(envInstance),
-		Slots: k, Identity: "subprocess", LeaseDuration: d, PollInterval: 100 * time.Millisecond,
+		Client: cs.CoordinationV1().Leases(ns), Namespace: ns, Instance: os.Getenv(envInstance),
+		Slots: k, Identity: "subprocess", LeaseDuration: d, Herd: 2,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
@@ -80,7 +81,7 @@ func runHolder() int {
 	}
 	fmt.Printf("HELD %s %s\n", h.Name(), h.Identity())
 	<-h.Lost()
-	fmt.Fprintln(os.Stderr, "holder: lost slot:", h.Err())
+	fmt.Fprintln(os.Stderr, "holder: lost its slot")
 	return 1
 }
 
@@ -102,14 +103,13 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("killed holder's slot is reclaimed after the lease duration", env.testKilledHolder)
 	t.Run("seed nodes pull alone until one finishes", env.testSeed)
 	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
-	t.Run("fetch on SIGTERM gives its slot back and records the seed", env.testFetchSIGTERM)
+	t.Run("fetch on SIGTERM gives its slot back and records no seed", env.testFetchSIGTERM)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
-	t.Run("a Role without list and watch still works, by polling", env.testOldRolePolls)
-	t.Run("a large herd watches some slots by label, and every node gets one", env.testSubsetWatch)
+	t.Run("a Role without list and watch ends the wait with an error", env.testOldRole)
+	t.Run("a take whose answer was lost is written again; never two holders", env.testLostAnswer)
 	// Last: it stops the apiserver.
-	t.Run("holder stops counting itself during an apiserver outage", env.testOutage)
-	t.Run("a holder that cannot renew stops pulling: never more than K nodes pull", env.testOutageCap)
+	t.Run("a 30 s apiserver outage: holders stop pulling, never more than K nodes pull", env.testOutage)
 }
 
 type testEnv struct {
@@ -170,41 +170,41 @@ func (e *testEnv) agentTokenWith(t *testing.T, instance string, k int, verbs ...
 // agent's identity.
 func (e *testEnv) gate(t *testing.T, token, instance string, cfg slots.Config) *slots.Gate {
 	t.Helper()
-	return e.countedGate(t, token, instance, cfg, nil)
+	return e.wrappedGate(t, token, instance, cfg, nil)
 }
 
 // countedGate is gate, counting every request its client sends in calls.
 func (e *testEnv) countedGate(t *testing.T, token, instance string, cfg slots.Config, calls *atomic.Int64) *slots.Gate {
 	t.Helper()
 	if calls == nil {
-		return e.seenGate(t, token, instance, cfg, nil)
+		return e.wrappedGate(t, token, instance, cfg, nil)
 	}
-	return e.seenGate(t, token, instance, cfg, func(*http.Request) { calls.Add(1) })
+	return e.wrappedGate(t, token, instance, cfg, func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
+		calls.Add(1)
+		return rt.RoundTrip(r)
+	})
 }
 
-// seenGate is gate, showing every request its client sends to see.
-func (e *testEnv) seenGate(t *testing.T, token, instance string, cfg slots.Config, see func(*http.Request)) *slots.Gate {
+// wrappedGate is gate, with every request its client sends going
+// through roundTrip.
+func (e *testEnv) wrappedGate(t *testing.T, token, instance string, cfg slots.Config, roundTrip func(http.RoundTripper, *http.Request) (*http.Response, error)) *slots.Gate {
 	t.Helper()
 	rc, err := e.c.RESTConfigForToken(token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if see != nil {
+	if roundTrip != nil {
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				see(r)
-				return rt.RoundTrip(r)
-			})
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) { return roundTrip(rt, r) })
 		})
 	}
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Leases = cs.CoordinationV1()
+	cfg.Client = cs.CoordinationV1().Leases(e.ns)
 	cfg.Namespace = e.ns
 	cfg.Instance = instance
-	cfg.PollInterval = 100 * time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	g, err := slots.New(cfg)
 	if err != nil {
@@ -263,9 +263,9 @@ func (hs *holders) enter(h *slots.Holding) {
 	hs.in[h] = hs.n
 	inside := 0
 	for o := range hs.in {
-		// Held is judged by the clock: a holder that missed its renewals
-		// has stopped counting itself before anyone could take its slot.
-		if o.Held() {
+		// A holder that missed its renewals has stopped counting itself
+		// before anyone could take its slot.
+		if !lost(o) {
 			inside++
 		}
 	}
@@ -287,7 +287,7 @@ func (hs *holders) snapshot() map[*slots.Holding]int {
 	defer hs.mu.Unlock()
 	s := make(map[*slots.Holding]int, len(hs.in))
 	for h, n := range hs.in {
-		if h.Held() {
+		if !lost(h) {
 			s[h] = n
 		}
 	}
@@ -333,8 +333,8 @@ func (e *testEnv) testAtMostK(t *testing.T) {
 					<-firstPhase
 				}
 				time.Sleep(time.Duration(20+rand.IntN(150)) * time.Millisecond) // the "pull"
-				if err := h.Err(); err != nil {
-					t.Logf("agent %d lost its slot while pulling (a slow machine can do this): %v", a, err)
+				if lost(h) {
+					t.Logf("agent %d lost its slot while pulling (a slow machine can do this)", a)
 				}
 				hs.leave(h)
 				h.Release()
@@ -594,43 +594,13 @@ func (e *testEnv) testSeed(t *testing.T) {
 	}
 }
 
-func (e *testEnv) testOutage(t *testing.T) {
-	const (
-		k        = 1
-		instance = "outage"
-		duration = 2 * time.Second
-	)
-	token := e.agentToken(t, instance, k)
-	g := e.gate(t, token, instance, slots.Config{Slots: k, Identity: "a", LeaseDuration: duration})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	h, err := g.Hold(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.c.StopAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
+// lost reports whether h has stopped counting itself as its slot's holder.
+func lost(h *slots.Holding) bool {
 	select {
 	case <-h.Lost():
-	case <-ctx.Done():
-		t.Fatal("the holder never noticed that it could not renew")
-	}
-	if h.Held() || h.Err() == nil {
-		t.Errorf("after the outage: held %v, err %v", h.Held(), h.Err())
-	}
-	t.Logf("holder reported: %v", h.Err())
-	if err := e.c.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Nobody else wrote the Lease, so it still names us; Release must clear it.
-	h.Release()
-	l, err := e.admin.CoordinationV1().Leases(e.ns).Get(ctx, h.Name(), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if holderOf(l) != "" {
-		t.Errorf("after Release %s still shows holder %q", h.Name(), holderOf(l))
+		return true
+	default:
+		return false
 	}
 }
 

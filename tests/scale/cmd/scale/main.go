@@ -40,7 +40,7 @@ func run() error {
 	for _, c := range scale.DefaultConfigs() {
 		names = append(names, c.Name())
 	}
-	flag.StringVar(&configs, "configs", strings.Join(names, ","), "runs, in order: n<nodes>-k<K>[-seed<N>][-watch|-poll]")
+	flag.StringVar(&configs, "configs", strings.Join(names, ","), "runs, in order: n<nodes>-k<K>[-seed<N>]")
 	flag.IntVar(&images, "images", 4, "images in the list")
 	flag.Float64Var(&imageMiB, "image-mib", 25, "size of each image in MiB")
 	flag.Float64Var(&capMiB, "capacity", 1000, "registry capacity C in MiB/s, shared by all transfers")
