@@ -59,6 +59,9 @@ func (a Auth) GoString() string { return a.String() }
 type ImageInfo struct {
 	ID   string
 	Size uint64
+	// Pinned is true when the runtime keeps the image from the kubelet's
+	// garbage collection (agent/pin).
+	Pinned bool
 }
 
 // Client is a CRI client. The underlying grpc connection re-dials by itself
@@ -140,6 +143,10 @@ func checkSocket(abs string) error {
 	return fmt.Errorf("%w at %s: a file of mode %s is there instead of a socket; %s", ErrSocketMissing, abs, mode.Type(), fix)
 }
 
+// Conn is the connection to the runtime, for the APIs a runtime serves
+// beside the CRI on the same socket (containerd's images API: agent/pin).
+func (c *Client) Conn() grpc.ClientConnInterface { return c.conn }
+
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
@@ -171,7 +178,8 @@ func (c *Client) ImageStatus(ctx context.Context, ref string) (*ImageInfo, error
 	if resp.GetImage() == nil {
 		return nil, nil
 	}
-	return &ImageInfo{ID: resp.GetImage().GetId(), Size: resp.GetImage().GetSize()}, nil
+	img := resp.GetImage()
+	return &ImageInfo{ID: img.GetId(), Size: img.GetSize(), Pinned: img.GetPinned()}, nil
 }
 
 // PullImage pulls ref, with auth when it is not nil, and returns the image

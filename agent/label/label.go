@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -59,6 +60,68 @@ type Summary struct {
 	// StartupTaint is the key of the startup taint the agent removes, so
 	// that `status` can tell whether a node still carries it.
 	StartupTaint string `json:"startupTaint,omitempty"`
+	// Pins is what the agent pinned on the node (agent/pin); nil when
+	// pinning is off.
+	Pins *Pins `json:"pins,omitempty"`
+}
+
+// Pins is the pinning part of the annotation.
+type Pins struct {
+	// Images is how many images of the list are pinned, Bytes what they
+	// take on the image filesystem, and BudgetBytes the most they may.
+	Images      int    `json:"images"`
+	Bytes       uint64 `json:"bytes"`
+	BudgetBytes uint64 `json:"budgetBytes"`
+	// NotPinned are images present but not pinned, with the reason
+	// (OverBudget, PinFailed); the first MaxFailures of them.
+	NotPinned        []Failure `json:"notPinned,omitempty"`
+	OmittedNotPinned int       `json:"omittedNotPinned,omitempty"`
+	// Unsupported says why the runtime cannot pin; nothing is pinned then.
+	Unsupported string `json:"unsupported,omitempty"`
+	// Error says why the last pass could not pin; the pins stay as they
+	// were.
+	Error string `json:"error,omitempty"`
+}
+
+// NotPin records an image that is present but not pinned.
+func (p *Pins) NotPin(image, reason, message string) {
+	if len(p.NotPinned) >= MaxFailures {
+		p.OmittedNotPinned++
+		return
+	}
+	p.NotPinned = append(p.NotPinned, Failure{Image: truncate(image, maxImage), Reason: reason, Message: truncate(message, maxMessage)})
+}
+
+// same reports whether two pin states are the same, ignoring error texts.
+func (p *Pins) same(o *Pins) bool {
+	if p == nil || o == nil {
+		return p == o
+	}
+	if p.Images != o.Images || p.Bytes != o.Bytes || p.BudgetBytes != o.BudgetBytes || p.Unsupported != o.Unsupported ||
+		(p.Error == "") != (o.Error == "") || p.OmittedNotPinned != o.OmittedNotPinned || len(p.NotPinned) != len(o.NotPinned) {
+		return false
+	}
+	for i := range p.NotPinned {
+		if p.NotPinned[i].Image != o.NotPinned[i].Image || p.NotPinned[i].Reason != o.NotPinned[i].Reason {
+			return false
+		}
+	}
+	return true
+}
+
+// SetPins records the pin state, listing fewer images not pinned if the
+// annotation would grow past MaxAnnotationBytes.
+func (s *Summary) SetPins(p *Pins) {
+	if p != nil {
+		c := *p
+		c.NotPinned = slices.Clone(p.NotPinned)
+		p = &c
+	}
+	s.Pins = p
+	for p != nil && len(p.NotPinned) > 0 && len(s.Marshal()) > MaxAnnotationBytes {
+		p.NotPinned = p.NotPinned[:len(p.NotPinned)-1]
+		p.OmittedNotPinned++
+	}
 }
 
 // NewSummary builds a summary, keeping the first MaxFailures failures.
@@ -139,7 +202,7 @@ func (s Summary) Same(o Summary) bool {
 			return false
 		}
 	}
-	return true
+	return s.Pins.same(o.Pins)
 }
 
 // Marshal returns the compact JSON of the annotation.

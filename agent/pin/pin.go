@@ -1,0 +1,452 @@
+// Package pin keeps an instance's images pinned in containerd, so that the
+// kubelet's image garbage collection leaves them alone, within a budget of
+// bytes on the image filesystem.
+//
+// A pin is containerd's label io.cri-containerd.pinned=pinned on an image
+// record, in the CRI's namespace; the CRI then reports the image as pinned
+// (a label on any one of its records pins the whole image), and the
+// kubelet skips pinned images. The CRI has no call for it: the labels are
+// written through containerd's own images API, on the same socket, one
+// field path per label, so that labels others write survive.
+//
+// Who pinned what is recorded on the image record too:
+//   - every instance that pins a record marks it with MarkKey(namespace,
+//     name); several instances may mark the same record;
+//   - the label SetByKey says that this project set the pin label. A pin
+//     that was there before the first mark (the sandbox image, containerd's
+//     own pinned_images, a pin set by hand) has no such label, and is never
+//     removed.
+//
+// A record is unpinned when the last mark of this project goes, and only if
+// SetByKey is there.
+package pin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+)
+
+// Labels on containerd's image records.
+const (
+	// PinLabel is the label containerd's CRI reads; PinValue pins.
+	PinLabel = "io.cri-containerd.pinned"
+	PinValue = "pinned"
+	// MarkPrefix starts every instance's mark.
+	MarkPrefix = "image-prefetcher.stackrox.io/pin."
+	// SetByKey says that this project set PinLabel; its value is SetByValue.
+	SetByKey   = "image-prefetcher.stackrox.io/pin-set"
+	SetByValue = "true"
+)
+
+// Reasons an image that is present is not pinned.
+const (
+	ReasonOverBudget = "OverBudget"
+	ReasonPinFailed  = "PinFailed"
+)
+
+// MarkKey is the label by which the instance name of namespace ns marks the
+// records it pins. Namespaces and instance names are DNS labels, which hold
+// no '.', so the key names one instance.
+func MarkKey(ns, name string) string { return MarkPrefix + ns + "." + name }
+
+// Descriptor is an image record's target, as containerd stores it.
+type Descriptor struct {
+	MediaType string
+	Digest    string
+	Size      int64
+}
+
+// Record is one of containerd's image records: a name (a reference, or the
+// image ID) pointing at a manifest or index.
+type Record struct {
+	Name   string
+	Target Descriptor
+	Labels map[string]string
+}
+
+// Store is containerd's store of image records, and of what they take on
+// disk (Containerd).
+type Store interface {
+	// List returns the records matching a containerd filter.
+	List(ctx context.Context, filter string) ([]Record, error)
+	// Get returns one record; ErrNotFound when there is none.
+	Get(ctx context.Context, name string) (Record, error)
+	// SetLabels sets only the given labels of r ("" removes one) and
+	// returns the record as written.
+	SetLabels(ctx context.Context, r Record, labels map[string]string) (Record, error)
+	// Unpacked returns the bytes of the unpacked layers of the image whose
+	// ID (config digest) is id.
+	Unpacked(ctx context.Context, id string) (uint64, error)
+}
+
+// Images is the CRI's view of an image: its ID, size and whether it is
+// reported as pinned.
+type Images interface {
+	ImageStatus(ctx context.Context, ref string) (*cri.ImageInfo, error)
+}
+
+// Pinner pins one instance's images on one node. Its methods are not safe
+// for concurrent use: fetch and watch call them from one goroutine.
+type Pinner struct {
+	Store Store
+	CRI   Images
+	// Namespace and Name are the instance's.
+	Namespace, Name string
+	// Budget returns the most bytes pinned images may take; nil turns
+	// pinning off (and removes this instance's pins).
+	Budget func(context.Context) (uint64, error)
+	// Unsupported, when set, says why the runtime cannot pin: nothing is
+	// pinned, and this instance's marks are removed.
+	Unsupported string
+	// Log receives what is worth saying once.
+	Log *slog.Logger
+	// VerifyFor bounds the wait for the CRI to report the first pin:
+	// containerd applies label changes to its CRI cache through its event
+	// stream, a moment after the update (default 3s).
+	VerifyFor time.Duration
+
+	verified bool
+	// sizes caches what each image takes on disk, by record target: an
+	// image never changes.
+	sizes map[string]imageSize
+	// cleaned is set once the marks of an instance that cannot pin have
+	// been removed.
+	cleaned bool
+}
+
+type imageSize struct {
+	id    string
+	bytes uint64
+}
+
+func (p *Pinner) log() *slog.Logger {
+	if p.Log == nil {
+		return slog.Default()
+	}
+	return p.Log
+}
+
+func (p *Pinner) mark() string { return MarkKey(p.Namespace, p.Name) }
+
+// Sync makes the pins follow a check's results: present images of the list
+// are pinned in list order while the budget lasts, and this instance's
+// marks on records that are no longer wanted are removed. It returns what
+// the annotation reports, nil when pinning is off.
+func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
+	if p.Unsupported != "" {
+		p.cleanUp(ctx)
+		return &label.Pins{Unsupported: p.Unsupported}
+	}
+	if p.Budget == nil {
+		if _, err := p.UnpinAll(ctx); err != nil && !errors.Is(err, ErrUnsupported) {
+			p.log().Warn("pinning is off; removing this instance's pins failed, retrying at the next check", "err", err)
+		}
+		return nil
+	}
+	budget, err := p.Budget(ctx)
+	if err != nil {
+		p.log().Warn("not pinning: the pin budget is unknown; the pins stay as they were", "err", err)
+		return &label.Pins{Error: fmt.Sprintf("the pin budget is unknown: %v", err)}
+	}
+	marked, err := p.marked(ctx)
+	if err != nil {
+		if errors.Is(err, ErrUnsupported) {
+			return p.unsupported(ctx, fmt.Sprintf("the runtime serves no containerd images API (%v)", err))
+		}
+		p.log().Warn("not pinning: listing this instance's pins failed; they stay as they were", "err", err)
+		return &label.Pins{BudgetBytes: budget, Error: err.Error()}
+	}
+	out := &label.Pins{BudgetBytes: budget}
+	keep := map[string]bool{}
+	counted := map[string]bool{}
+	firstPinned := ""
+	for _, r := range results {
+		if r.Ref == "" {
+			continue
+		}
+		name := recordName(r.Normalized)
+		if !r.Present {
+			// An image reported missing has no record, unless its status
+			// call failed: a mark there stays until a check sees it.
+			keep[name] = true
+			continue
+		}
+		rec, ok := marked[name]
+		if !ok {
+			if rec, err = p.Store.Get(ctx, name); err != nil {
+				p.notPinned(out, r, ReasonPinFailed, fmt.Sprintf("no image record %s: %v", name, err))
+				continue
+			}
+		}
+		sz, err := p.size(ctx, r.Ref, rec)
+		if err != nil {
+			keep[name] = keep[name] || ok
+			p.notPinned(out, r, ReasonPinFailed, fmt.Sprintf("size on disk unknown: %v", err))
+			continue
+		}
+		first := !counted[sz.id]
+		if first && out.Bytes+sz.bytes > budget {
+			p.notPinned(out, r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", Bytes(sz.bytes), Bytes(budget-out.Bytes), Bytes(budget)))
+			continue
+		}
+		keep[name] = true
+		if err := p.pin(ctx, rec); err != nil {
+			p.notPinned(out, r, ReasonPinFailed, err.Error())
+			continue
+		}
+		if first {
+			out.Bytes += sz.bytes
+			counted[sz.id] = true
+		}
+		out.Images++
+		if firstPinned == "" {
+			firstPinned = r.Ref
+		}
+	}
+	for name, rec := range marked {
+		if keep[name] {
+			continue
+		}
+		if err := p.unpin(ctx, rec); err != nil {
+			p.log().Warn("removing a pin failed; retrying at the next check", "record", name, "err", err)
+			continue
+		}
+		p.log().Info("unpinned an image that left the list or the budget", "record", name)
+	}
+	if firstPinned != "" && !p.verified {
+		if err := p.verify(ctx, firstPinned); err != nil {
+			if ctx.Err() != nil {
+				return out
+			}
+			return p.unsupported(ctx, err.Error())
+		}
+	}
+	return out
+}
+
+func (p *Pinner) notPinned(out *label.Pins, r pull.Result, reason, message string) {
+	p.log().Info("image not pinned", "image", r.Normalized, "reason", reason, "why", message)
+	out.NotPin(r.Image, reason, message)
+}
+
+// unsupported turns pinning off for good, after the runtime proved unable
+// to pin: it says so once and removes this instance's marks, which would
+// mislead.
+func (p *Pinner) unsupported(ctx context.Context, why string) *label.Pins {
+	p.Unsupported = why
+	p.log().Warn("this node's runtime cannot pin images; prefetched images are not protected from the kubelet's image garbage collection", "why", why)
+	p.cleanUp(ctx)
+	return &label.Pins{Unsupported: why}
+}
+
+// cleanUp removes this instance's marks once, on a runtime that cannot pin
+// (left by a check that verified the runtime the hard way). A runtime with
+// no images API holds none.
+func (p *Pinner) cleanUp(ctx context.Context) {
+	if p.cleaned {
+		return
+	}
+	n, err := p.UnpinAll(ctx)
+	switch {
+	case err == nil || errors.Is(err, ErrUnsupported):
+		p.cleaned = true
+		if n > 0 {
+			p.log().Info("removed this instance's pin labels, which this runtime does not honour", "records", n)
+		}
+	case ctx.Err() == nil:
+		p.log().Warn("removing this instance's pin labels failed; retrying at the next check", "err", err)
+	}
+}
+
+// verify waits until the CRI reports ref as pinned, for at most VerifyFor.
+func (p *Pinner) verify(ctx context.Context, ref string) error {
+	wait := p.VerifyFor
+	if wait <= 0 {
+		wait = 3 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		info, err := p.CRI.ImageStatus(ctx, ref)
+		if err == nil && info != nil && info.Pinned {
+			p.verified = true
+			p.log().Info("pinning images: the runtime reports the pins", "image", ref)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("the CRI was not asked whether %s is pinned: %w", ref, err)
+			}
+			return fmt.Errorf("the runtime keeps the pin label on %s, but its CRI does not report the image as pinned, so the kubelet's image garbage collection would remove it anyway (containerd before 1.6.25 and 1.7.10, containerd #9338)", ref)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// UnpinAll removes this instance's marks from every record, and the pins
+// nobody else wants: on uninstall, when pinning is turned off, on a
+// runtime that cannot pin. It returns how many records it unmarked.
+func (p *Pinner) UnpinAll(ctx context.Context) (int, error) {
+	marked, err := p.marked(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	n := 0
+	for _, rec := range marked {
+		if err := p.unpin(ctx, rec); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// marked returns this instance's marked records by name.
+func (p *Pinner) marked(ctx context.Context) (map[string]Record, error) {
+	list, err := p.Store.List(ctx, `labels."`+p.mark()+`"`)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]Record, len(list))
+	for _, r := range list {
+		out[r.Name] = r
+	}
+	return out, nil
+}
+
+// pin marks rec and pins it unless it is pinned already. The mark goes
+// first: an instance unpinning the record meanwhile then either sees it and
+// keeps the pin, or has cleared the pin before, which this sees.
+func (p *Pinner) pin(ctx context.Context, rec Record) error {
+	if rec.Labels[p.mark()] != "" && rec.Labels[PinLabel] == PinValue {
+		return nil
+	}
+	if rec.Labels[p.mark()] == "" {
+		var err error
+		if rec, err = p.Store.SetLabels(ctx, rec, map[string]string{p.mark(): p.Namespace + "/" + p.Name}); err != nil {
+			return fmt.Errorf("mark %s: %w", rec.Name, err)
+		}
+	}
+	if rec.Labels[PinLabel] == PinValue {
+		// Pinned by someone else before: their pin, which this project
+		// never removes.
+		return nil
+	}
+	if _, err := p.Store.SetLabels(ctx, rec, map[string]string{PinLabel: PinValue, SetByKey: SetByValue}); err != nil {
+		return fmt.Errorf("pin %s: %w", rec.Name, err)
+	}
+	p.log().Info("pinned", "record", rec.Name)
+	return nil
+}
+
+// unpin removes this instance's mark from rec, and the pin when this
+// project set it and no other mark of it is left.
+func (p *Pinner) unpin(ctx context.Context, rec Record) error {
+	rec, err := p.Store.SetLabels(ctx, rec, map[string]string{p.mark(): ""})
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unmark %s: %w", rec.Name, err)
+	}
+	if marked(rec.Labels) || rec.Labels[SetByKey] != SetByValue {
+		return nil
+	}
+	after, err := p.Store.SetLabels(ctx, rec, map[string]string{PinLabel: "", SetByKey: ""})
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unpin %s: %w", rec.Name, err)
+	}
+	if marked(after.Labels) {
+		// Another instance marked it meanwhile, and saw the pin there:
+		// put it back for it.
+		if _, err := p.Store.SetLabels(ctx, after, map[string]string{PinLabel: PinValue, SetByKey: SetByValue}); err != nil {
+			return fmt.Errorf("pin %s again for another instance: %w", rec.Name, err)
+		}
+	}
+	return nil
+}
+
+// marked reports whether labels hold any instance's mark.
+func marked(labels map[string]string) bool {
+	for k, v := range labels {
+		if strings.HasPrefix(k, MarkPrefix) && v != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// size returns what the image of rec takes on the image filesystem: its
+// content, as the CRI counts it, and its unpacked layers.
+func (p *Pinner) size(ctx context.Context, ref string, rec Record) (imageSize, error) {
+	if s, ok := p.sizes[rec.Target.Digest]; ok {
+		return s, nil
+	}
+	info, err := p.CRI.ImageStatus(ctx, ref)
+	if err != nil {
+		return imageSize{}, err
+	}
+	if info == nil {
+		return imageSize{}, fmt.Errorf("the CRI does not know %s", ref)
+	}
+	unpacked, err := p.Store.Unpacked(ctx, info.ID)
+	if err != nil {
+		return imageSize{}, err
+	}
+	s := imageSize{id: info.ID, bytes: info.Size + unpacked}
+	if p.sizes == nil {
+		p.sizes = map[string]imageSize{}
+	}
+	p.sizes[rec.Target.Digest] = s
+	return s, nil
+}
+
+// recordName is the name of the image record containerd's CRI keeps for a
+// normalized reference: a reference with both a tag and a digest is known
+// by its digest alone.
+func recordName(normalized string) string {
+	at := strings.IndexByte(normalized, '@')
+	if at < 0 {
+		return normalized
+	}
+	name := normalized[:at]
+	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') {
+		name = name[:i]
+	}
+	return name + normalized[at:]
+}
+
+// Bytes formats a byte count in binary units, as status shows it.
+func Bytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,336 @@
+package pin
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+)
+
+const (
+	refA  = "docker.io/library/a:1"
+	refB  = "docker.io/library/b:1"
+	refC  = "docker.io/library/c:1"
+	pause = "registry.k8s.io/pause:3.10"
+)
+
+func budget(n uint64) func(context.Context) (uint64, error) {
+	return func(context.Context) (uint64, error) { return n, nil }
+}
+
+func newPinner(s *fakeStore, ns, name string, b uint64) *Pinner {
+	return &Pinner{Store: s, CRI: s, Namespace: ns, Name: name, Budget: budget(b)}
+}
+
+func pinnedNames(s *fakeStore) []string {
+	var out []string
+	for _, n := range []string{refA, refB, refC, pause} {
+		if s.labels(n)[PinLabel] == PinValue {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func notPinned(p *label.Pins) string {
+	var parts []string
+	for _, f := range p.NotPinned {
+		parts = append(parts, f.Image+":"+f.Reason)
+	}
+	return strings.Join(parts, ",")
+}
+
+// The budget counts content and unpacked layers, in list order; an image
+// that does not fit is pulled but not pinned, and a smaller one after it
+// still is.
+func TestSyncBudget(t *testing.T) {
+	tests := []struct {
+		name          string
+		budget        uint64
+		list          []pull.Result
+		wantPinned    []string
+		wantBytes     uint64
+		wantNotPinned string
+	}{
+		{name: "all fit", budget: 1000, list: []pull.Result{present(refA), present(refB), present(refC)},
+			wantPinned: []string{refA, refB, refC}, wantBytes: 300 + 500 + 100},
+		{name: "exactly the budget", budget: 900, list: []pull.Result{present(refA), present(refB), present(refC)},
+			wantPinned: []string{refA, refB, refC}, wantBytes: 900},
+		{name: "list order: the second does not fit, the third does", budget: 450, list: []pull.Result{present(refA), present(refB), present(refC)},
+			wantPinned: []string{refA, refC}, wantBytes: 400, wantNotPinned: refB + ":OverBudget"},
+		{name: "another order pins another set", budget: 550, list: []pull.Result{present(refB), present(refA), present(refC)},
+			wantPinned: []string{refB}, wantBytes: 500, wantNotPinned: refA + ":OverBudget," + refC + ":OverBudget"},
+		{name: "zero budget pins nothing", budget: 0, list: []pull.Result{present(refA)},
+			wantNotPinned: refA + ":OverBudget"},
+		{name: "missing images are not pinned and take no budget", budget: 300, list: []pull.Result{missing(refB), present(refA)},
+			wantPinned: []string{refA}, wantBytes: 300},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newFakeStore()
+			s.add("dA", 100, 200, refA) // 300 on disk
+			s.add("dB", 200, 300, refB) // 500
+			s.add("dC", 40, 60, refC)   // 100
+			p := newPinner(s, "ns", "inst", tt.budget)
+			got := p.Sync(context.Background(), tt.list)
+			if got == nil || got.Error != "" || got.Unsupported != "" {
+				t.Fatalf("Sync = %+v", got)
+			}
+			if g := pinnedNames(s); strings.Join(g, ",") != strings.Join(tt.wantPinned, ",") {
+				t.Errorf("pinned %v, want %v", g, tt.wantPinned)
+			}
+			if got.Images != len(tt.wantPinned) || got.Bytes != tt.wantBytes || got.BudgetBytes != tt.budget {
+				t.Errorf("report images=%d bytes=%d budget=%d, want %d, %d, %d", got.Images, got.Bytes, got.BudgetBytes, len(tt.wantPinned), tt.wantBytes, tt.budget)
+			}
+			if g := notPinned(got); g != tt.wantNotPinned {
+				t.Errorf("not pinned %q, want %q", g, tt.wantNotPinned)
+			}
+			for _, n := range tt.wantPinned {
+				l := s.labels(n)
+				if l[MarkKey("ns", "inst")] != "ns/inst" || l[SetByKey] != SetByValue || l["io.cri-containerd.image"] != "managed" {
+					t.Errorf("%s labels %v: want the mark, the set-by label, and containerd's own label kept", n, l)
+				}
+			}
+		})
+	}
+}
+
+// Two references of one image (a tag and its digest) pin two records, and
+// count once.
+func TestSyncCountsAnImageOnce(t *testing.T) {
+	s := newFakeStore()
+	digestRef := "docker.io/library/a@sha256:" + strings.Repeat("a", 64)
+	s.add("dA", 100, 200, refA, digestRef)
+	p := newPinner(s, "ns", "inst", 300)
+	got := p.Sync(context.Background(), []pull.Result{present(refA), present(digestRef)})
+	if got.Images != 2 || got.Bytes != 300 || len(got.NotPinned) != 0 {
+		t.Fatalf("Sync = %+v, want both references pinned within 300 bytes", got)
+	}
+}
+
+// Marks: a list change unpins what left; a pin that was there before the
+// first mark, or that another instance still marks, stays.
+func TestOwnership(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	s.add("dB", 10, 10, refB)
+	s.add("dP", 10, 10, pause)
+	// containerd's pinned_images pinned the sandbox image on pull.
+	s.setRaw(pause, map[string]string{PinLabel: PinValue})
+	one := newPinner(s, "ns1", "one", 1000)
+	two := newPinner(s, "ns2", "one", 1000) // same name, other namespace
+
+	one.Sync(ctx, []pull.Result{present(refA), present(refB), present(pause)})
+	two.Sync(ctx, []pull.Result{present(refB)})
+	if got := pinnedNames(s); strings.Join(got, ",") != strings.Join([]string{refA, refB, pause}, ",") {
+		t.Fatalf("pinned %v", got)
+	}
+	if l := s.labels(pause); l[SetByKey] != "" || l[MarkKey("ns1", "one")] == "" {
+		t.Fatalf("sandbox labels %v: want marked, but not recorded as pinned by this project", l)
+	}
+
+	// The list of "one" loses b and the pause image.
+	one.Sync(ctx, []pull.Result{present(refA)})
+	if l := s.labels(refB); l[PinLabel] != PinValue || l[MarkKey("ns1", "one")] != "" || l[MarkKey("ns2", "one")] == "" {
+		t.Errorf("b labels %v: want still pinned for ns2/one, without ns1/one's mark", l)
+	}
+	if l := s.labels(pause); l[PinLabel] != PinValue || l[MarkKey("ns1", "one")] != "" {
+		t.Errorf("pause labels %v: want its own pin kept, the mark gone", l)
+	}
+
+	// Uninstalling "one" unpins a; uninstalling "two" unpins b.
+	if n, err := one.UnpinAll(ctx); err != nil || n != 1 {
+		t.Fatalf("UnpinAll = %d, %v; want 1", n, err)
+	}
+	if l := s.labels(refA); l[PinLabel] != "" || l[SetByKey] != "" || marked(l) {
+		t.Errorf("a labels %v: want no pin and no marks", l)
+	}
+	if _, err := two.UnpinAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := s.labels(refB); l[PinLabel] != "" || marked(l) {
+		t.Errorf("b labels %v: want unpinned once the last mark went", l)
+	}
+	if l := s.labels(pause); l[PinLabel] != PinValue {
+		t.Errorf("pause labels %v: the runtime's pin must survive", l)
+	}
+	if got := pinnedNames(s); strings.Join(got, ",") != pause {
+		t.Errorf("pinned %v, want only the sandbox image", got)
+	}
+}
+
+// An instance that marks a record while another removes the last mark
+// keeps its pin: the remover sees the new mark after clearing the pin, and
+// puts the pin back.
+func TestUnpinRacesAMark(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	one := newPinner(s, "ns", "one", 1000)
+	one.Sync(ctx, []pull.Result{present(refA)})
+	// Just before "one" clears the pin, "two" marks the record (it read
+	// the pin as there, so it will not pin it itself).
+	s.beforeSet = func(name string, labels map[string]string) {
+		if _, clearing := labels[PinLabel]; clearing && labels[PinLabel] == "" {
+			s.setRaw(name, map[string]string{MarkKey("ns", "two"): "ns/two"})
+		}
+	}
+	if _, err := one.UnpinAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := s.labels(refA); l[PinLabel] != PinValue || l[SetByKey] != SetByValue || l[MarkKey("ns", "two")] == "" {
+		t.Errorf("labels %v: want pinned again for ns/two", l)
+	}
+}
+
+// The steady state costs one List call.
+func TestSyncSteadyState(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	s.add("dB", 10, 10, refB)
+	p := newPinner(s, "ns", "one", 1000)
+	list := []pull.Result{present(refA), present(refB)}
+	p.Sync(ctx, list)
+	s.calls = 0
+	got := p.Sync(ctx, list)
+	if s.calls != 1 || got.Images != 2 {
+		t.Errorf("second Sync made %d calls and reported %+v; want 1 call (List)", s.calls, got)
+	}
+}
+
+// Turning pinning off removes this instance's pins.
+func TestSyncOff(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	p := newPinner(s, "ns", "one", 1000)
+	p.Sync(ctx, []pull.Result{present(refA)})
+	p.Budget = nil
+	if got := p.Sync(ctx, []pull.Result{present(refA)}); got != nil {
+		t.Errorf("Sync with pinning off = %+v, want nil", got)
+	}
+	if l := s.labels(refA); l[PinLabel] != "" || marked(l) {
+		t.Errorf("labels %v: want unpinned", l)
+	}
+}
+
+// A runtime that keeps the label but does not report the pin (containerd
+// 1.6.20) is found out at the first pin, said once, and left without the
+// labels that would mislead.
+func TestSyncVerifiesThePin(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.criIgnoresPins = true
+	s.add("dA", 10, 10, refA)
+	p := newPinner(s, "ns", "one", 1000)
+	p.VerifyFor = 1 // one look
+	got := p.Sync(ctx, []pull.Result{present(refA)})
+	if got.Unsupported == "" || got.Images != 0 {
+		t.Fatalf("Sync = %+v, want unsupported", got)
+	}
+	if l := s.labels(refA); l[PinLabel] != "" || marked(l) || l[SetByKey] != "" {
+		t.Errorf("labels %v: want none of this project's labels left", l)
+	}
+	s.calls = 0
+	again := p.Sync(ctx, []pull.Result{present(refA)})
+	if again.Unsupported != got.Unsupported || s.calls != 0 {
+		t.Errorf("second Sync = %+v after %d calls; want the same answer without asking the runtime", again, s.calls)
+	}
+}
+
+// Unsupported from the start (Check): nothing is written; marks an older
+// agent left are removed once.
+func TestSyncUnsupported(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	s.setRaw(refA, map[string]string{MarkKey("ns", "one"): "ns/one", PinLabel: PinValue, SetByKey: SetByValue})
+	p := newPinner(s, "ns", "one", 1000)
+	p.Unsupported = "containerd 1.6.20 ..."
+	for range 2 {
+		if got := p.Sync(ctx, []pull.Result{present(refA)}); got.Unsupported != p.Unsupported {
+			t.Fatalf("Sync = %+v", got)
+		}
+	}
+	if l := s.labels(refA); l[PinLabel] != "" || marked(l) {
+		t.Errorf("labels %v: want the old pin removed", l)
+	}
+
+	// A runtime without the images API (CRI-O) is left alone.
+	s.failList = errors.Join(ErrUnsupported)
+	q := newPinner(s, "ns", "one", 1000)
+	q.Unsupported = "CRI-O ..."
+	if got := q.Sync(ctx, nil); got.Unsupported != q.Unsupported {
+		t.Errorf("Sync = %+v", got)
+	}
+}
+
+// A store that fails leaves the pins as they are and says why.
+func TestSyncStoreDown(t *testing.T) {
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	p := newPinner(s, "ns", "one", 1000)
+	p.Sync(context.Background(), []pull.Result{present(refA)})
+	s.failList = errors.New("connection refused")
+	got := p.Sync(context.Background(), []pull.Result{})
+	if got.Error == "" {
+		t.Errorf("Sync = %+v, want an error", got)
+	}
+	if l := s.labels(refA); l[PinLabel] != PinValue {
+		t.Errorf("labels %v: want the pin kept", l)
+	}
+}
+
+func TestRecordName(t *testing.T) {
+	d := "@sha256:" + strings.Repeat("a", 64)
+	for in, want := range map[string]string{
+		"docker.io/library/a:1":             "docker.io/library/a:1",
+		"docker.io/library/a:1" + d:         "docker.io/library/a" + d,
+		"docker.io/library/a" + d:           "docker.io/library/a" + d,
+		"localhost:5000/x/y:tag" + d:        "localhost:5000/x/y" + d,
+		"localhost:5000/x/y" + d:            "localhost:5000/x/y" + d,
+		"registry.example:443/team/app:1.0": "registry.example:443/team/app:1.0",
+	} {
+		if got := recordName(in); got != want {
+			t.Errorf("recordName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		runtime, version string
+		can              bool
+	}{
+		{"containerd", "1.6.20~ds1", false}, // Debian 12
+		{"containerd", "v1.6.24", false},
+		{"containerd", "v1.6.25", true},
+		{"containerd", "1.7.9", false},
+		{"containerd", "1.7.10", true},
+		{"containerd", "v1.5.18", false},
+		{"containerd", "v2.0.0", true},
+		{"containerd", "2.4.2+unknown", true},
+		{"containerd", "v2.4.2", true},
+		{"containerd", "devel", true}, // unknown: verified at the first pin
+		{"cri-o", "1.34.0", false},
+		{"docker", "28.0", false},
+	}
+	for _, tt := range tests {
+		if why := Check(tt.runtime, tt.version); (why == "") != tt.can {
+			t.Errorf("Check(%q, %q) = %q, want can pin: %v", tt.runtime, tt.version, why, tt.can)
+		}
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for n, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 5 << 30: "5.0 GiB", 1536 << 20: "1.5 GiB"} {
+		if got := Bytes(n); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
