@@ -325,6 +325,7 @@ func (c Config) flags(subcommand string) []string {
 		f = append(f, fmt.Sprintf("--seed-nodes=%d", c.SeedNodes))
 	}
 	f = append(f, c.startupTaintFlags()...)
+	f = append(f, c.pinFlags()...)
 	if subcommand == "watch" {
 		f = append(f, "--refresh-interval="+c.RefreshInterval.String())
 	}

@@ -80,6 +80,10 @@ type Config struct {
 	Metrics *MetricsConfig `json:"metrics,omitempty"`
 	// StartupTaint is nil unless spec.startupTaint is set.
 	StartupTaint *StartupTaintConfig `json:"startupTaint,omitempty"`
+	// PinOff turns pinning off; PinBudget is spec.pin.budget unless it is
+	// the default.
+	PinOff    bool   `json:"pinOff,omitempty"`
+	PinBudget string `json:"pinBudget,omitempty"`
 
 	// sections say where the images came from, as comments of the
 	// rendered list; nil when spec.images is the only source. Comments do
@@ -306,6 +310,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 		p = append(p, warnf("spec.admissionPolicy", "is false: the agent's patch on nodes is then scoped by RBAC alone, so its ServiceAccount may change any label, annotation or field of every Node; keep the policy unless your cluster cannot install ValidatingAdmissionPolicies, or set spec.nodeLabel.enabled: false if you do not need the node label"))
 	}
 	p = append(p, c.validateStartupTaint(s)...)
+	p = append(p, c.validatePin(s)...)
 	if !p.HasErrors() {
 		// Both need a Config that renders: they look at what it renders.
 		p = append(p, c.checkMounts(s)...)

@@ -47,7 +47,26 @@ type Spec struct {
 	// StartupTaint names a taint new nodes register with; the agent removes
 	// it from its node once every image is present. See docs/readiness.md.
 	StartupTaint *StartupTaint `json:"startupTaint,omitempty"`
+	// Pin keeps the listed images from the kubelet's image garbage
+	// collection, within a budget (containerd only; docs/agent.md).
+	Pin Pin `json:"pin,omitempty"`
 }
+
+// Pin configures pinning: after an image of the list is present, the agent
+// pins it in containerd, in list order, while the pinned images take at
+// most Budget of the node's image filesystem.
+type Pin struct {
+	// Enabled defaults to true.
+	Enabled *bool `json:"enabled,omitempty"`
+	// Budget is a share of the image filesystem's capacity ("25%") or a
+	// quantity of bytes ("20Gi"). Default DefaultPinBudget.
+	Budget string `json:"budget,omitempty"`
+}
+
+// DefaultPinBudget is spec.pin.budget when unset: with the kubelet's
+// default image GC thresholds (85% high, 80% low), a quarter pinned leaves
+// more than half of the filesystem for images the GC may remove.
+const DefaultPinBudget = "25%"
 
 // Metrics switches on the agent's Prometheus endpoint and the monitoring
 // objects that go with it. docs/monitoring.md describes the metrics and the
