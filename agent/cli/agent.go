@@ -21,6 +21,7 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
+	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/agent/taint"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -56,6 +57,7 @@ type agentFlags struct {
 	labelRetryFor         time.Duration
 	statusTimeout         time.Duration
 	startupTaint          taintFlags
+	pin                   pinFlags
 
 	// Set from the command line by parsed.
 	labelNodeSet bool
@@ -92,6 +94,7 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.IntVar(&f.permanentAttempts, "permanent-error-attempts", 3, "attempts for an image whose errors are permanent (not found, unauthorized)")
 	fs.DurationVar(&f.labelRetryFor, "label-retry-timeout", 2*time.Minute, "how long transient API errors are retried when labeling")
 	f.startupTaint.register(fs)
+	f.pin.register(fs)
 	_ = fs.MarkHidden("permanent-error-attempts")
 	_ = fs.MarkHidden("label-retry-timeout")
 
@@ -124,6 +127,9 @@ func (f *agentFlags) validate() error {
 	}
 	if f.statusTimeout <= 0 {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--image-list-timeout must be positive")}
+	}
+	if err := f.pin.validate(); err != nil {
+		return err
 	}
 	if missing := f.labelingMissing(); f.labelNode && missing != "" && f.labelNodeSet {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--label-node needs %s", missing)}
@@ -164,6 +170,8 @@ type agent struct {
 	metrics *metrics.Metrics
 	// taint is nil unless --startup-taint is set.
 	taint *taint.Remover
+	// pinner is nil when nothing is pinned (agent/cli/pin.go).
+	pinner *pin.Pinner
 	// releaseGrace bounds giving back the herd-control slot once the run
 	// was terminated (the package's releaseGrace when 0).
 	releaseGrace time.Duration
@@ -293,7 +301,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		return err
 	}
 	a.cri = c
-	runtimeName, err := a.runtimeVersion(ctx)
+	runtimeName, version, err := a.runtimeVersion(ctx)
 	if err != nil {
 		c.Close()
 		a.cri = nil
@@ -322,6 +330,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	cfg.Progress = progressOf(runtimeName, c)
 	a.puller = pull.New(statusBound{Runtime: c, timeout: f.statusTimeout}, cfg)
+	a.initPins(runtimeName, version, nil)
 	return nil
 }
 
@@ -366,8 +375,8 @@ func listDigest(entries []imagelist.Entry) string {
 }
 
 // runtimeVersion asks the runtime who it is, waiting a little for a
-// runtime that is still starting, and returns its name.
-func (a *agent) runtimeVersion(ctx context.Context) (string, error) {
+// runtime that is still starting, and returns its name and version.
+func (a *agent) runtimeVersion(ctx context.Context) (string, string, error) {
 	deadline := time.Now().Add(a.flags.versionRetryFor)
 	wait := 200 * time.Millisecond
 	for {
@@ -376,14 +385,14 @@ func (a *agent) runtimeVersion(ctx context.Context) (string, error) {
 		cancel()
 		if err == nil {
 			a.log.Info("connected to the container runtime", "socket", a.cri.Socket, "runtime", name, "version", ver)
-			return name, nil
+			return name, ver, nil
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			return "", fmt.Errorf("container runtime at %s does not answer: %w", a.cri.Socket, err)
+			return "", "", fmt.Errorf("container runtime at %s does not answer: %w", a.cri.Socket, err)
 		}
 		a.log.Warn("container runtime not answering yet; retrying", "socket", a.cri.Socket, "err", err)
 		if sleepCtx(ctx, wait) != nil {
-			return "", ctx.Err()
+			return "", "", ctx.Err()
 		}
 		wait = min(2*wait, 5*time.Second)
 	}

@@ -73,6 +73,7 @@ func newFetch(deps *Deps) *cobra.Command {
 				return &ExitCodeError{Code: ExitError, Err: errSilent}
 			}
 			s := pull.Summarize(results, time.Since(start))
+			s.SetPins(a.syncPins(ctx, results))
 			a.observe(s)
 			ok := s.FailureCount() == 0
 			if ok {

@@ -174,21 +174,25 @@ func Collect(nodes []corev1.Node, domain string, only []string) ([]NodeStatus, b
 
 func printTable(deps *Deps, rows []NodeStatus) {
 	w := tabwriter.NewWriter(deps.Stdout, 0, 4, 2, ' ', 0)
-	// The column is there only when some instance has a startup taint, so
-	// the table of everyone else stays as it was.
-	taints := hasTaints(rows)
+	// Optional columns are there only when some instance has what they
+	// show, so that the table of everyone else stays as it was.
+	taints, pins := hasTaints(rows), hasPins(rows)
+	header := []string{"NODE", "INSTANCE", "STATE", "OWNER"}
 	if taints {
-		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tOWNER\tSTARTUP-TAINT\tPRESENT\tFAILURES")
-	} else {
-		fmt.Fprintln(w, "NODE\tINSTANCE\tSTATE\tOWNER\tPRESENT\tFAILURES")
+		header = append(header, "STARTUP-TAINT")
 	}
+	header = append(header, "PRESENT")
+	if pins {
+		header = append(header, "PINNED")
+	}
+	fmt.Fprintln(w, strings.Join(append(header, "FAILURES"), "\t"))
 	for _, r := range rows {
 		if len(r.Instances) == 0 {
-			if taints {
-				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\t-\t-\n", r.Node, stateMissing)
-			} else {
-				fmt.Fprintf(w, "%s\t-\t%s\t-\t-\t-\n", r.Node, stateMissing)
+			cells := []string{r.Node, "-", stateMissing}
+			for len(cells) < len(header)+1 {
+				cells = append(cells, "-")
 			}
+			fmt.Fprintln(w, strings.Join(cells, "\t"))
 		}
 		for _, i := range r.Instances {
 			present, failures := "-", "-"
@@ -205,11 +209,15 @@ func printTable(deps *Deps, rows []NodeStatus) {
 					failures = strings.Join(parts, ", ")
 				}
 			}
+			cells := []string{r.Node, i.Instance, i.State, ownerColumn(i)}
 			if taints {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, ownerColumn(i), taintCell(i.StartupTaint), present, failures)
-			} else {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, i.Instance, i.State, ownerColumn(i), present, failures)
+				cells = append(cells, taintCell(i.StartupTaint))
 			}
+			cells = append(cells, present)
+			if pins {
+				cells = append(cells, pinCell(i.Summary))
+			}
+			fmt.Fprintln(w, strings.Join(append(cells, failures), "\t"))
 		}
 	}
 	_ = w.Flush()

@@ -45,6 +45,9 @@ func newWatch(deps *Deps) *cobra.Command {
 					a.log.Info("keeping the node label: the instance still covers this node", "why", why)
 					return nil
 				}
+				// The pins go with the label, after it: the label is what
+				// the shutdown budget is for.
+				defer a.unpinAll(ctx, deadline)
 				return a.removeLabel(ctx, deadline)
 			}
 			if err := a.init(ctx, args); err != nil {
@@ -181,6 +184,7 @@ func (a *agent) check(ctx context.Context) {
 		}
 	}
 	s := pull.Summarize(results, time.Since(start))
+	s.SetPins(a.syncPins(ctx, results))
 	a.observe(s)
 	a.reconcile(ctx, s)
 }

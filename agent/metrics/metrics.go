@@ -44,6 +44,8 @@ type Metrics struct {
 	// UnclassifiedErrors counts pull errors the classifier did not
 	// recognise (retried as transient; the log has each text once).
 	UnclassifiedErrors prometheus.Counter
+	// PinUnsupported is 1 while the runtime cannot pin images (agent/pin).
+	PinUnsupported prometheus.Gauge
 }
 
 // New registers the collectors.
@@ -76,6 +78,9 @@ func New() *Metrics {
 	m.UnclassifiedErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "image_prefetcher_unclassified_pull_errors_total", Help: "Pull errors no classifier rule recognised; retried as transient and logged once each as unclassified.",
 	})
+	m.PinUnsupported = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "image_prefetcher_pin_unsupported", Help: "1 when this node's runtime cannot pin images (containerd before 1.6.25 and 1.7.10, CRI-O), so that the kubelet's image garbage collection may remove prefetched images; 0 otherwise, and with pinning off.",
+	})
 	m.Succeeded = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "image_prefetcher_succeeded", Help: "1 when the last check found every image of the list present (the node label's succeeded), 0 otherwise and until the first check ends.",
 	})
@@ -93,7 +98,7 @@ func New() *Metrics {
 		Name: "image_prefetcher_label_conflicts_total", Help: "Times this instance's node label or annotation was found changed by another writer since the agent wrote it.",
 	})
 	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess,
-		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals, m.OwnerConflict, m.UnclassifiedErrors)
+		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals, m.OwnerConflict, m.UnclassifiedErrors, m.PinUnsupported)
 	return m
 }
 

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pin"
+)
+
+// hasPins reports whether any instance's summary reports pins.
+func hasPins(rows []NodeStatus) bool {
+	for _, r := range rows {
+		for _, i := range r.Instances {
+			if i.Summary != nil && i.Summary.Pins != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pinCell reads "3, 1.2 GiB of 4.0 GiB": images pinned and the bytes they
+// take against the budget, then the images left unpinned.
+func pinCell(s *label.Summary) string {
+	if s == nil || s.Pins == nil {
+		return "-"
+	}
+	p := s.Pins
+	if p.Unsupported != "" {
+		return "pinning unsupported"
+	}
+	cell := fmt.Sprintf("%d, %s of %s", p.Images, pin.Bytes(p.Bytes), pin.Bytes(p.BudgetBytes))
+	if n := len(p.NotPinned) + p.OmittedNotPinned; n > 0 {
+		cell += fmt.Sprintf(", %d not pinned", n)
+		if len(p.NotPinned) > 0 {
+			cell += " (" + p.NotPinned[0].Reason + ")"
+		}
+	}
+	if p.Error != "" {
+		cell += ", error: " + p.Error
+	}
+	return cell
+}
