@@ -330,7 +330,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	cfg.Progress = progressOf(runtimeName, c)
 	a.puller = pull.New(statusBound{Runtime: c, timeout: f.statusTimeout}, cfg)
-	a.initPins(runtimeName, version, nil)
+	a.initPins(runtimeName, version, imageFsCapacity(c))
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -62,9 +63,6 @@ func (a *agent) initPins(runtime, version string, capacity func(context.Context)
 		if !b.IsShare {
 			return b.Bytes, nil
 		}
-		if capacity == nil {
-			return 0, fmt.Errorf("%s of the image filesystem: its capacity is unknown", b)
-		}
 		c, err := capacity(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("%s of the image filesystem: %w", b, err)
@@ -77,6 +75,20 @@ func (a *agent) initPins(runtime, version string, capacity func(context.Context)
 		return
 	}
 	a.log.Info("pinning the list's images", "budget", b.String())
+}
+
+// imageFsCapacity reads the capacity of the runtime's image filesystem.
+func imageFsCapacity(rt disk.Runtime) func(context.Context) (uint64, error) {
+	r := disk.Reader{Runtime: rt}
+	return func(ctx context.Context) (uint64, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		u, err := r.Read(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return u.CapacityBytes, nil
+	}
 }
 
 // syncPins makes the pins follow a check's results, and returns what the

@@ -3,8 +3,8 @@ package cli
 import (
 	"fmt"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
-	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 )
 
 // hasPins reports whether any instance's summary reports pins.
@@ -29,7 +29,7 @@ func pinCell(s *label.Summary) string {
 	if p.Unsupported != "" {
 		return "pinning unsupported"
 	}
-	cell := fmt.Sprintf("%d, %s of %s", p.Images, pin.Bytes(p.Bytes), pin.Bytes(p.BudgetBytes))
+	cell := fmt.Sprintf("%d, %s of %s", p.Images, disk.Bytes(p.Bytes), disk.Bytes(p.BudgetBytes))
 	if n := len(p.NotPinned) + p.OmittedNotPinned; n > 0 {
 		cell += fmt.Sprintf(", %d not pinned", n)
 		if len(p.NotPinned) > 0 {

@@ -26,11 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 )
@@ -195,7 +195,7 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		}
 		first := !counted[sz.id]
 		if first && out.Bytes+sz.bytes > budget {
-			p.notPinned(out, r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", Bytes(sz.bytes), Bytes(budget-out.Bytes), Bytes(budget)))
+			p.notPinned(out, r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", disk.Bytes(sz.bytes), disk.Bytes(budget-out.Bytes), disk.Bytes(budget)))
 			continue
 		}
 		keep[name] = true
@@ -435,18 +435,4 @@ func recordName(normalized string) string {
 		name = name[:i]
 	}
 	return name + normalized[at:]
-}
-
-// Bytes formats a byte count in binary units, as status shows it.
-func Bytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return strconv.FormatUint(n, 10) + " B"
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
