@@ -168,7 +168,7 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 	out := &label.Pins{BudgetBytes: budget}
 	keep := map[string]bool{}
 	counted := map[string]bool{}
-	firstPinned := ""
+	var firstPinned pull.Result
 	for _, r := range results {
 		if r.Ref == "" {
 			continue
@@ -208,8 +208,8 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 			counted[sz.id] = true
 		}
 		out.Images++
-		if firstPinned == "" {
-			firstPinned = r.Ref
+		if firstPinned.Ref == "" {
+			firstPinned = r
 		}
 	}
 	for name, rec := range marked {
@@ -222,7 +222,7 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		}
 		p.log().Info("unpinned an image that left the list or the budget", "record", name)
 	}
-	if firstPinned != "" && !p.verified {
+	if firstPinned.Ref != "" && !p.verified {
 		if err := p.verify(ctx, firstPinned); err != nil {
 			if ctx.Err() != nil {
 				return out
@@ -267,18 +267,20 @@ func (p *Pinner) cleanUp(ctx context.Context) {
 	}
 }
 
-// verify waits until the CRI reports ref as pinned, for at most VerifyFor.
-func (p *Pinner) verify(ctx context.Context, ref string) error {
+// verify waits until the CRI reports r's image as pinned, for at most
+// VerifyFor. It fails only when the record still carries the pin label
+// then: a pin another instance removed meanwhile proves nothing.
+func (p *Pinner) verify(ctx context.Context, r pull.Result) error {
 	wait := p.VerifyFor
 	if wait <= 0 {
 		wait = 3 * time.Second
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		info, err := p.CRI.ImageStatus(ctx, ref)
+		info, err := p.CRI.ImageStatus(ctx, r.Ref)
 		if err == nil && info != nil && info.Pinned {
 			p.verified = true
-			p.log().Info("pinning images: the runtime reports the pins", "image", ref)
+			p.log().Info("pinning images: the runtime reports the pins", "image", r.Normalized)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -286,9 +288,14 @@ func (p *Pinner) verify(ctx context.Context, ref string) error {
 		}
 		if time.Now().After(deadline) {
 			if err != nil {
-				return fmt.Errorf("the CRI was not asked whether %s is pinned: %w", ref, err)
+				p.log().Warn("could not ask the CRI whether a pin holds; asking again at the next check", "image", r.Normalized, "err", err)
+				return nil
 			}
-			return fmt.Errorf("the runtime keeps the pin label on %s, but its CRI does not report the image as pinned, so the kubelet's image garbage collection would remove it anyway (containerd before 1.6.25 and 1.7.10, containerd #9338)", ref)
+			rec, gerr := p.Store.Get(ctx, recordName(r.Normalized))
+			if gerr != nil || rec.Labels[PinLabel] != PinValue {
+				return nil
+			}
+			return fmt.Errorf("the runtime keeps the pin label on %s, but its CRI does not report the image as pinned, so the kubelet's image garbage collection would remove it anyway (containerd before 1.6.25 and 1.7.10, containerd #9338)", rec.Name)
 		}
 		t := time.NewTimer(50 * time.Millisecond)
 		select {
@@ -332,28 +339,41 @@ func (p *Pinner) marked(ctx context.Context) (map[string]Record, error) {
 	return out, nil
 }
 
-// pin marks rec and pins it unless it is pinned already. The mark goes
-// first: an instance unpinning the record meanwhile then either sees it and
-// keeps the pin, or has cleared the pin before, which this sees.
+// pin marks rec and pins it unless it is pinned already. A record read as
+// unpinned gets the mark and the pin in one update. One read as pinned gets
+// the mark, and the answer tells whether the pin is still there: the last
+// instance that marked it may have cleared it meanwhile. An instance that
+// clears a pin reads the marks in its own update's answer, and sets the pin
+// again if one appeared, so that either side restores it.
 func (p *Pinner) pin(ctx context.Context, rec Record) error {
-	if rec.Labels[p.mark()] != "" && rec.Labels[PinLabel] == PinValue {
-		return nil
-	}
+	labels := map[string]string{}
 	if rec.Labels[p.mark()] == "" {
-		var err error
-		if rec, err = p.Store.SetLabels(ctx, rec, map[string]string{p.mark(): p.Namespace + "/" + p.Name}); err != nil {
-			return fmt.Errorf("mark %s: %w", rec.Name, err)
-		}
+		labels[p.mark()] = p.Namespace + "/" + p.Name
 	}
-	if rec.Labels[PinLabel] == PinValue {
-		// Pinned by someone else before: their pin, which this project
-		// never removes.
+	// A pin there before, without SetByKey, is someone else's (the sandbox
+	// image, pinned_images, a pin set by hand): it is left as it is, and
+	// so never removed.
+	if rec.Labels[PinLabel] != PinValue {
+		labels[PinLabel], labels[SetByKey] = PinValue, SetByValue
+	}
+	if len(labels) == 0 {
 		return nil
 	}
-	if _, err := p.Store.SetLabels(ctx, rec, map[string]string{PinLabel: PinValue, SetByKey: SetByValue}); err != nil {
+	after, err := p.Store.SetLabels(ctx, rec, labels)
+	if err != nil {
 		return fmt.Errorf("pin %s: %w", rec.Name, err)
 	}
-	p.log().Info("pinned", "record", rec.Name)
+	if labels[PinLabel] == "" && after.Labels[PinLabel] != PinValue {
+		// The last other instance cleared the pin after it was read here,
+		// and before this mark.
+		if _, err := p.Store.SetLabels(ctx, after, map[string]string{PinLabel: PinValue, SetByKey: SetByValue}); err != nil {
+			return fmt.Errorf("pin %s: %w", rec.Name, err)
+		}
+		labels[PinLabel] = PinValue
+	}
+	if labels[PinLabel] != "" {
+		p.log().Info("pinned", "record", rec.Name)
+	}
 	return nil
 }
 

@@ -187,6 +187,34 @@ func TestUnpinRacesAMark(t *testing.T) {
 	}
 }
 
+// An instance that read the pin as there, and marks the record after the
+// last other instance cleared it, pins it again.
+func TestMarkRacesAnUnpin(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 10, 10, refA)
+	one := newPinner(s, "ns", "one", 1000)
+	two := newPinner(s, "ns", "two", 1000)
+	one.Sync(ctx, []pull.Result{present(refA)})
+	// "two" reads the record pinned; then, before its mark lands, "one"
+	// leaves and clears the pin.
+	s.beforeSet = func(name string, labels map[string]string) {
+		if _, marking := labels[MarkKey("ns", "two")]; marking {
+			s.beforeSet = nil
+			if _, err := one.UnpinAll(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	got := two.Sync(ctx, []pull.Result{present(refA)})
+	if got.Images != 1 {
+		t.Fatalf("Sync = %+v", got)
+	}
+	if l := s.labels(refA); l[PinLabel] != PinValue || l[SetByKey] != SetByValue || l[MarkKey("ns", "one")] != "" {
+		t.Errorf("labels %v: want pinned for ns/two alone", l)
+	}
+}
+
 // The steady state costs one List call.
 func TestSyncSteadyState(t *testing.T) {
 	ctx := context.Background()

@@ -76,6 +76,15 @@ type Options struct {
 	// ShortNameAliases are the registries.conf [aliases] of CRI-O nodes
 	// (short name to fully qualified repository).
 	ShortNameAliases map[string]string
+	// KubeletConfig replaces top-level fields of every node's
+	// KubeletConfiguration, e.g. imageMinimumGCAge or evictionHard: the
+	// harness's kubelets never garbage-collect images otherwise.
+	KubeletConfig map[string]any
+	// ImageStoreBytes, when set, makes each node's image store (its
+	// runtime's root directory) a tmpfs of that size, inside the node's
+	// mount namespace: a small image filesystem of the node's own, which
+	// the kubelet's image GC and eviction see as the imagefs.
+	ImageStoreBytes int64
 	// BaseDir holds one directory per run. Default $IMAGE_PREFETCHER_E2E_DIR
 	// or /tmp/ipf-e2e.
 	BaseDir string

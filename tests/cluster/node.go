@@ -233,9 +233,13 @@ func (n *Node) prepare(ctx context.Context) error {
 		n.runcPath = p
 	}
 	cfgName, cfg := n.runtimeConfig()
+	kubelet, err := withFields(n.kubeletConfig(), n.c.opts.KubeletConfig)
+	if err != nil {
+		return fmt.Errorf("kubelet config: %w", err)
+	}
 	files := map[string]string{
 		cfgName:                        cfg,
-		"kubelet.yaml":                 n.kubeletConfig(),
+		"kubelet.yaml":                 kubelet,
 		"cni/net.d/10-bridge.conflist": n.cniConfig(),
 		"hosts":                        n.hostsFile(),
 		"certs.d/" + RegistryAddr + "/hosts.toml": hostsToml(RegistryAddr),
@@ -291,9 +295,23 @@ umount -l "$N/hostrun"
 mount --bind "$N/varlog" /var/log
 mount --bind "$N/varlib" /var/lib
 mount --bind "$N/hosts" /etc/hosts
+%s
 : > "$N/holder.ready"
 exec sleep infinity
-`, n.Dir)
+`, n.Dir, n.imageStoreMount())
+}
+
+// imageStoreMount is the holder's command that puts the runtime's root on a
+// tmpfs of Options.ImageStoreBytes, or nothing.
+func (n *Node) imageStoreMount() string {
+	if n.c.opts.ImageStoreBytes <= 0 {
+		return ""
+	}
+	root := filepath.Join(n.Dir, "containerd")
+	if n.Runtime == CRIO {
+		root = filepath.Join(n.Dir, "crio", "storage")
+	}
+	return fmt.Sprintf("mkdir -p %[1]q\nmount -t tmpfs -o size=%[2]d,mode=711 ipf-image-store %[1]q", root, n.c.opts.ImageStoreBytes)
 }
 
 func (n *Node) startHolder(ctx context.Context) error {
