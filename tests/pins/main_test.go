@@ -1,0 +1,276 @@
+// Package pins_test runs the agent's pinning on a real kubelet with a
+// containerd 2.x node and image GC switched on: the prefetched images
+// survive a GC pass that removed an unlisted image, and the pins follow
+// the list and the instance's lifetime.
+//
+// The kubelet's periodic image GC runs every 5 minutes, which is not a
+// setting. Its eviction manager looks every 10 s, and under image
+// filesystem pressure deletes every unused, unpinned image older than
+// imageMinimumGCAge at once (DeleteUnusedImages). So the node gets a small
+// image filesystem of its own (a 192 MiB tmpfs), evictionHard
+// imagefs.available<45%, and imageMinimumGCAge 1s; pulling a 48 MiB image
+// nobody uses crosses the threshold, and the next passes remove it.
+//
+// Run with `make e2e`, or: go test -p 1 -v ./tests/pins/ (after `make
+// build tools host-deps kube runtimes`).
+package pins_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pin"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
+)
+
+const labelDomain = "image-prefetcher.stackrox.io/"
+
+var c *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	if err := cluster.CheckBinaries(); err != nil {
+		fmt.Fprintf(os.Stderr, ">> pins: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(cluster.RunMain(m, cluster.Options{
+		Nodes:           1,
+		NodeRuntime:     func(int) cluster.Runtime { return cluster.Containerd2 },
+		ImageStoreBytes: 192 << 20,
+		KubeletConfig: map[string]any{
+			// The eviction manager's image GC is the one that runs within
+			// a test's time; the periodic one stays off (100/99).
+			"evictionHard": map[string]string{
+				"imagefs.available":  "45%",
+				"nodefs.available":   "1%",
+				"nodefs.inodesFree":  "1%",
+				"imagefs.inodesFree": "1%",
+			},
+			"evictionPressureTransitionPeriod": "5s",
+			// 0 would mean the default, 2m.
+			"imageMinimumGCAge": "1s",
+		},
+	}, &c))
+}
+
+var (
+	agentOnce sync.Once
+	agentRef  string
+	agentErr  error
+)
+
+// agentImage pushes the agent image built from ./bin, once.
+func agentImage(t testing.TB) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		agentRef, _, agentErr = c.PushProjectImages(ctx, "")
+	})
+	if agentErr != nil {
+		t.Fatalf("push the agent image: %v", agentErr)
+	}
+	return agentRef
+}
+
+// deploy renders an ImagePrefetcher of that name, in a namespace of the
+// same name (spec is YAML under spec:, besides agent.image), through the
+// real kustomize and function, and applies it.
+func deploy(t *testing.T, name, spec string) {
+	t.Helper()
+	p := cluster.Prefetcher{Name: name, Namespace: name, AgentImage: agentImage(t), Spec: spec}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	manifests, err := p.Render(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+}
+
+// uninstall deletes the instance's DaemonSet, as deleting the rendered
+// objects does, and waits until its pod is gone: watch has then run its
+// exit.
+func uninstall(t *testing.T, name string) {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	bg := metav1.DeletePropagationBackground
+	if err := cs.AppsV1().DaemonSets(name).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Poll(ctx, 250*time.Millisecond, "the agent pods of "+name+" gone", func() (bool, string) {
+		pods, err := cs.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitSummary waits until the node's label of instance is want and its
+// annotation satisfies ok, and returns the annotation.
+func waitSummary(t *testing.T, instance, want string, timeout time.Duration, ok func(label.Summary) bool) label.Summary {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	key := labelDomain + instance
+	var s label.Summary
+	err = cluster.Poll(ctx, 250*time.Millisecond, instance+" labeled "+want, func() (bool, string) {
+		n, err := cs.CoreV1().Nodes().Get(ctx, c.Nodes()[0].Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if n.Labels[key] != want {
+			return false, n.Labels[key] + " " + n.Annotations[key]
+		}
+		if s, err = label.Parse(n.Annotations[key]); err != nil {
+			return false, err.Error()
+		}
+		return ok == nil || ok(s), n.Annotations[key]
+	})
+	if err != nil {
+		c.DumpLogs(t)
+		t.Fatal(err)
+	}
+	return s
+}
+
+// push pushes data images of size bytes as e2e/<name>:v1 and returns how
+// pods name them (ghcr.io, which the node sends to the run's registry).
+func push(t testing.TB, seed int64, size int64, names ...string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var refs []string
+	for i, n := range names {
+		img, err := ociimage.Data(seed+int64(i), size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Push(ctx, img, "e2e/"+n+":v1"); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, "ghcr.io/e2e/"+n+":v1")
+	}
+	return refs
+}
+
+func list(refs ...string) string {
+	return "  images:\n  - " + strings.Join(refs, "\n  - ") + "\n"
+}
+
+// runtime is the node's containerd: its CRI, and its image records
+// through the same API the agent pins with.
+type runtime struct {
+	conn   *grpc.ClientConn
+	cri    runtimeapi.ImageServiceClient
+	images *pin.Containerd
+}
+
+func node(t *testing.T) *runtime {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+c.Nodes()[0].CRISocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &runtime{conn: conn, cri: runtimeapi.NewImageServiceClient(conn), images: pin.NewContainerd(conn)}
+}
+
+// status is the CRI's word on ref: nil when absent.
+func (r *runtime) status(t *testing.T, ref string) *runtimeapi.Image {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := r.cri.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	if err != nil {
+		t.Fatalf("ImageStatus %s: %v", ref, err)
+	}
+	return st.GetImage()
+}
+
+// pinned asserts what the CRI reports, which is what the kubelet's GC
+// reads.
+func (r *runtime) pinned(t *testing.T, ref string, want bool) {
+	t.Helper()
+	img := r.status(t, ref)
+	if img == nil {
+		t.Errorf("%s is not on the node", ref)
+		return
+	}
+	if img.GetPinned() != want {
+		t.Errorf("%s: CRI pinned = %v, want %v", ref, img.GetPinned(), want)
+	}
+}
+
+// labels returns the labels of the image record name.
+func (r *runtime) labels(t *testing.T, name string) map[string]string {
+	t.Helper()
+	rec, err := r.images.Get(context.Background(), name)
+	if err != nil {
+		t.Fatalf("image record %s: %v", name, err)
+	}
+	return rec.Labels
+}
+
+// nodeLabels records every value the node's label key takes while it runs.
+func nodeLabels(t *testing.T, key string) (stop func() []string) {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + c.Nodes()[0].Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			if n, ok := ev.Object.(*corev1.Node); ok {
+				mu.Lock()
+				if v := n.Labels[key]; len(seen) == 0 || seen[len(seen)-1] != v {
+					seen = append(seen, v)
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() []string {
+		cancel()
+		w.Stop()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return seen
+	}
+}
