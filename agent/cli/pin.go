@@ -69,7 +69,9 @@ func (a *agent) initPins(runtime, version string, capacity func(context.Context)
 		}
 		return b.Of(c), nil
 	}
-	if why := pin.Check(runtime, version); why != "" {
+	why, verify := pin.Check(runtime, version)
+	p.Verify = verify
+	if why != "" {
 		p.Unsupported = why
 		a.log.Warn("this node's runtime cannot pin images; prefetched images are not protected from the kubelet's image garbage collection", "runtime", runtime, "version", version, "why", why)
 		return

@@ -8,27 +8,27 @@ import (
 
 // Check tells whether a runtime, named as its CRI Version names it, can pin
 // images for a pod: why is empty when it can, and otherwise says why not.
-// A containerd whose version cannot be read is tried: the first pin is
-// verified through the CRI (Pinner.Sync).
-func Check(runtime, version string) (why string) {
+// verify is set for a containerd whose version cannot be read: it is
+// tried, and its first pin checked through the CRI (Pinner.Verify).
+func Check(runtime, version string) (why string, verify bool) {
 	switch runtime {
 	case "containerd":
 	case "cri-o":
-		return "CRI-O pins only what its own configuration lists (pinned_images under /etc/crio), which a pod cannot change without write access to the host's /etc/crio and a signal to CRI-O"
+		return "CRI-O pins only what its own configuration lists (pinned_images under /etc/crio), which a pod cannot change without write access to the host's /etc/crio and a signal to CRI-O", false
 	default:
-		return fmt.Sprintf("%s %s is not containerd: only containerd pins images through an API", runtime, version)
+		return fmt.Sprintf("%s %s is not containerd: only containerd pins images through an API", runtime, version), false
 	}
 	major, minor, patch, ok := parseVersion(version)
 	if !ok {
-		return ""
+		return "", true
 	}
 	switch {
 	case major >= 2, major == 1 && minor >= 8,
 		major == 1 && minor == 7 && patch >= 10,
 		major == 1 && minor == 6 && patch >= 25:
-		return ""
+		return "", false
 	}
-	return fmt.Sprintf("containerd %s keeps a pin label set after the pull, but its CRI does not report the image as pinned, so the kubelet's image garbage collection removes it anyway; that works from containerd 1.6.25, 1.7.10 and 2.0 (containerd #9338)", version)
+	return fmt.Sprintf("containerd %s keeps a pin label set after the pull, but its CRI does not report the image as pinned, so the kubelet's image garbage collection removes it anyway; that works from containerd 1.6.25, 1.7.10 and 2.0 (containerd #9338)", version), false
 }
 
 // parseVersion reads major.minor.patch from a version such as "v2.4.2",

@@ -107,6 +107,10 @@ type Pinner struct {
 	// Unsupported, when set, says why the runtime cannot pin: nothing is
 	// pinned, and this instance's marks are removed.
 	Unsupported string
+	// Verify checks the first pin through the CRI, for a runtime whose
+	// version does not tell (Check); one that does not report it cannot
+	// pin.
+	Verify bool
 	// Log receives what is worth saying once.
 	Log *slog.Logger
 	// VerifyFor bounds the wait for the CRI to report the first pin:
@@ -114,7 +118,6 @@ type Pinner struct {
 	// stream, a moment after the update (default 3s).
 	VerifyFor time.Duration
 
-	verified bool
 	// sizes caches what each image takes on disk, by record target: an
 	// image never changes.
 	sizes map[string]imageSize
@@ -222,7 +225,7 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		}
 		p.log().Info("unpinned an image that left the list or the budget", "record", name)
 	}
-	if firstPinned.Ref != "" && !p.verified {
+	if firstPinned.Ref != "" && p.Verify {
 		if err := p.verify(ctx, firstPinned); err != nil {
 			if ctx.Err() != nil {
 				return out
@@ -279,7 +282,7 @@ func (p *Pinner) verify(ctx context.Context, r pull.Result) error {
 	for {
 		info, err := p.CRI.ImageStatus(ctx, r.Ref)
 		if err == nil && info != nil && info.Pinned {
-			p.verified = true
+			p.Verify = false
 			p.log().Info("pinning images: the runtime reports the pins", "image", r.Normalized)
 			return nil
 		}

@@ -195,6 +195,7 @@ func TestMarkRacesAnUnpin(t *testing.T) {
 	s.add("dA", 10, 10, refA)
 	one := newPinner(s, "ns", "one", 1000)
 	two := newPinner(s, "ns", "two", 1000)
+	two.Verify = true // a pin that another instance removed is no verdict
 	one.Sync(ctx, []pull.Result{present(refA)})
 	// "two" reads the record pinned; then, before its mark lands, "one"
 	// leaves and clears the pin.
@@ -256,7 +257,7 @@ func TestSyncVerifiesThePin(t *testing.T) {
 	s.criIgnoresPins = true
 	s.add("dA", 10, 10, refA)
 	p := newPinner(s, "ns", "one", 1000)
-	p.VerifyFor = 1 // one look
+	p.Verify, p.VerifyFor = true, 1 // one look
 	got := p.Sync(ctx, []pull.Result{present(refA)})
 	if got.Unsupported == "" || got.Images != 0 {
 		t.Fatalf("Sync = %+v, want unsupported", got)
@@ -344,13 +345,17 @@ func TestCheck(t *testing.T) {
 		{"containerd", "v2.0.0", true},
 		{"containerd", "2.4.2+unknown", true},
 		{"containerd", "v2.4.2", true},
-		{"containerd", "devel", true}, // unknown: verified at the first pin
+		{"containerd", "devel", true}, // unknown: verified at the first pin (below)
 		{"cri-o", "1.34.0", false},
 		{"docker", "28.0", false},
 	}
 	for _, tt := range tests {
-		if why := Check(tt.runtime, tt.version); (why == "") != tt.can {
+		why, verify := Check(tt.runtime, tt.version)
+		if (why == "") != tt.can {
 			t.Errorf("Check(%q, %q) = %q, want can pin: %v", tt.runtime, tt.version, why, tt.can)
+		}
+		if want := tt.version == "devel"; verify != want {
+			t.Errorf("Check(%q, %q) verify = %v, want %v", tt.runtime, tt.version, verify, want)
 		}
 	}
 }
