@@ -111,11 +111,15 @@ func (a *agent) syncPins(ctx context.Context, results []pull.Result) *label.Pins
 }
 
 // unpinAll removes this instance's pins when it leaves the node, giving up
-// at deadline. ctx is the command's context, already done: only its values
-// are kept.
+// at deadline, or 2 s from now if that is later: the calls are local, and
+// the label, whose removal the deadline is for, went first. ctx is the
+// command's context, already done: only its values are kept.
 func (a *agent) unpinAll(ctx context.Context, deadline time.Time) {
 	if a.pinner == nil || a.pinner.Unsupported != "" {
 		return
+	}
+	if soon := time.Now().Add(2 * time.Second); deadline.Before(soon) {
+		deadline = soon
 	}
 	uctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
