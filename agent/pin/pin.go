@@ -124,6 +124,9 @@ type Pinner struct {
 	// cleaned is set once the marks of an instance that cannot pin have
 	// been removed.
 	cleaned bool
+	// notPinned holds the reason each image was not pinned for at the last
+	// check, so that only a change is logged.
+	notPinned, lastNotPinned map[string]string
 }
 
 type imageSize struct {
@@ -169,6 +172,7 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		return &label.Pins{BudgetBytes: budget, Error: err.Error()}
 	}
 	out := &label.Pins{BudgetBytes: budget}
+	p.lastNotPinned, p.notPinned = p.notPinned, map[string]string{}
 	keep := map[string]bool{}
 	counted := map[string]bool{}
 	var firstPinned pull.Result
@@ -186,24 +190,24 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		rec, ok := marked[name]
 		if !ok {
 			if rec, err = p.Store.Get(ctx, name); err != nil {
-				p.notPinned(out, r, ReasonPinFailed, fmt.Sprintf("no image record %s: %v", name, err))
+				p.skip(out, r, ReasonPinFailed, fmt.Sprintf("no image record %s: %v", name, err))
 				continue
 			}
 		}
 		sz, err := p.size(ctx, r.Ref, rec)
 		if err != nil {
 			keep[name] = keep[name] || ok
-			p.notPinned(out, r, ReasonPinFailed, fmt.Sprintf("size on disk unknown: %v", err))
+			p.skip(out, r, ReasonPinFailed, fmt.Sprintf("size on disk unknown: %v", err))
 			continue
 		}
 		first := !counted[sz.id]
 		if first && out.Bytes+sz.bytes > budget {
-			p.notPinned(out, r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", disk.Bytes(sz.bytes), disk.Bytes(budget-out.Bytes), disk.Bytes(budget)))
+			p.skip(out, r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", disk.Bytes(sz.bytes), disk.Bytes(budget-out.Bytes), disk.Bytes(budget)))
 			continue
 		}
 		keep[name] = true
 		if err := p.pin(ctx, rec); err != nil {
-			p.notPinned(out, r, ReasonPinFailed, err.Error())
+			p.skip(out, r, ReasonPinFailed, err.Error())
 			continue
 		}
 		if first {
@@ -236,8 +240,11 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 	return out
 }
 
-func (p *Pinner) notPinned(out *label.Pins, r pull.Result, reason, message string) {
-	p.log().Info("image not pinned", "image", r.Normalized, "reason", reason, "why", message)
+func (p *Pinner) skip(out *label.Pins, r pull.Result, reason, message string) {
+	if p.lastNotPinned[r.Normalized] != reason {
+		p.log().Info("image present but not pinned", "image", r.Normalized, "reason", reason, "why", message)
+	}
+	p.notPinned[r.Normalized] = reason
 	out.NotPin(r.Image, reason, message)
 }
 
