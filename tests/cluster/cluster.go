@@ -120,6 +120,12 @@ type Cluster struct {
 	sysctls  *sysctlSaver
 	started  time.Time
 	attached bool
+	// agent is the agent image AgentImage pushed, once.
+	agent struct {
+		once sync.Once
+		ref  string
+		err  error
+	}
 }
 
 // Start brings up a cluster and returns when it is ready: the apiserver

@@ -38,6 +38,22 @@ func StartForTest(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
+// AgentImage pushes the project's images built in ./bin once per cluster
+// (PushProjectImages) and returns the agent's reference, which rendered
+// manifests pull unchanged.
+func (c *Cluster) AgentImage(t testing.TB) string {
+	t.Helper()
+	c.agent.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		c.agent.ref, _, c.agent.err = c.PushProjectImages(ctx, "")
+	})
+	if c.agent.err != nil {
+		t.Fatalf("push the agent image: %v", c.agent.err)
+	}
+	return c.agent.ref
+}
+
 // DumpLogs writes the end of every component log to the test log.
 func (c *Cluster) DumpLogs(t testing.TB) {
 	logs, _ := filepath.Glob(c.path("logs", "*.log"))

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,26 +44,6 @@ func TestMain(m *testing.M) {
 	}, &c))
 }
 
-var (
-	agentOnce sync.Once
-	agentRef  string
-	agentErr  error
-)
-
-// agentImage pushes the agent image built from ./bin, once.
-func agentImage(t *testing.T) string {
-	t.Helper()
-	agentOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		agentRef, _, agentErr = c.PushProjectImages(ctx, "")
-	})
-	if agentErr != nil {
-		t.Fatalf("push the agent image: %v", agentErr)
-	}
-	return agentRef
-}
-
 // deploy renders an ImagePrefetcher with `runtime: crio` (spec is the YAML
 // under spec: besides agent.image and runtime) through the real kustomize
 // and function, and applies it with extra resources.
@@ -85,7 +64,7 @@ func deployRefresh(t *testing.T, name, spec string, refresh time.Duration, extra
 		resources[fmt.Sprintf("extra-%d.yaml", i)] = e
 	}
 	p := cluster.Prefetcher{
-		Name: name, Namespace: name, AgentImage: agentImage(t),
+		Name: name, Namespace: name, AgentImage: c.AgentImage(t),
 		Spec:      "  runtime: crio\n" + spec,
 		Resources: resources,
 	}

@@ -65,32 +65,12 @@ func TestMain(m *testing.M) {
 	}, &c))
 }
 
-var (
-	agentOnce sync.Once
-	agentRef  string
-	agentErr  error
-)
-
-// agentImage pushes the agent image built from ./bin, once.
-func agentImage(t testing.TB) string {
-	t.Helper()
-	agentOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		agentRef, _, agentErr = c.PushProjectImages(ctx, "")
-	})
-	if agentErr != nil {
-		t.Fatalf("push the agent image: %v", agentErr)
-	}
-	return agentRef
-}
-
 // deploy renders an ImagePrefetcher of that name, in a namespace of the
 // same name (spec is YAML under spec:, besides agent.image), through the
 // real kustomize and function, and applies it.
 func deploy(t *testing.T, name, spec string) {
 	t.Helper()
-	p := cluster.Prefetcher{Name: name, Namespace: name, AgentImage: agentImage(t), Spec: spec}
+	p := cluster.Prefetcher{Name: name, Namespace: name, AgentImage: c.AgentImage(t), Spec: spec}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	manifests, err := p.Render(ctx, t.TempDir())
