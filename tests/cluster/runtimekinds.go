@@ -43,8 +43,8 @@ func DefaultRuntimesDir() string {
 	return filepath.Join(home, ".cache", "image-prefetcher", "runtimes")
 }
 
-// RuntimeBinary is the path of a built runtime's binary: "containerd" of
-// Containerd2, "crio" or "pinns" of CRIO. Containerd16 is found in PATH.
+// RuntimeBinary is the path of a built runtime's binary: "containerd" or
+// "containerd-shim-runc-v2" of Containerd2, "crio" or "pinns" of CRIO. Containerd16 is found in PATH.
 func RuntimeBinary(r Runtime, name string) string {
 	switch r {
 	case Containerd2:
@@ -62,7 +62,7 @@ func checkRuntime(r Runtime) error {
 	case Containerd16, "":
 		return nil
 	case Containerd2:
-		bins = []string{"containerd"}
+		bins = []string{"containerd", "containerd-shim-runc-v2"}
 	case CRIO:
 		bins = []string{"crio", "pinns"}
 		if _, err := os.Stat("/usr/bin/conmon"); err != nil {
@@ -149,6 +149,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      # The shim of the same release: the one in PATH is Debian's 1.6.
+      runtime_path = %[8]q
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "/run/containerd/runc"
@@ -164,7 +166,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.image-verifier.v1.bindir"]
   bin_dir = %[7]q
 `, filepath.Join(n.Dir, "containerd"), NodeSocketPath, filepath.Join(n.Dir, "opt"), PauseImage,
-		filepath.Join(n.Dir, "cni", "net.d"), filepath.Join(n.Dir, "certs.d"), n.VerifierDir())
+		filepath.Join(n.Dir, "cni", "net.d"), filepath.Join(n.Dir, "certs.d"), n.VerifierDir(), RuntimeBinary(Containerd2, "containerd-shim-runc-v2"))
 }
 
 // VerifierDir is containerd 2.x's image-verifier bindir: every executable

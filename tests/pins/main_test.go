@@ -16,8 +16,10 @@
 package pins_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -93,6 +95,47 @@ func uninstall(t *testing.T, name string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	// Removing pins is watch's: wait until it runs (a pod deleted before
+	// its watch started leaves its label and pins, see docs/agent.md).
+	var pods *corev1.PodList
+	if err := cluster.Poll(ctx, 250*time.Millisecond, "watch running in every pod of "+name, func() (bool, string) {
+		pods, err = cs.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods.Items {
+			running := false
+			for _, st := range p.Status.ContainerStatuses {
+				running = running || st.Name == "watch" && st.State.Running != nil
+			}
+			if !running || p.DeletionTimestamp != nil {
+				return false, p.Name + " " + string(p.Status.Phase)
+			}
+		}
+		return len(pods.Items) > 0, "no pods"
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent's last words, for when the pins it should remove stay.
+	for _, p := range pods.Items {
+		stream, err := cs.CoreV1().Pods(name).GetLogs(p.Name, &corev1.PodLogOptions{Container: "watch", Follow: true}).Stream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = io.Copy(&out, stream)
+		}()
+		t.Cleanup(func() {
+			stream.Close()
+			<-done
+			if t.Failed() {
+				t.Logf("log of %s/%s, watch:\n%s", name, p.Name, out.String())
+			}
+		})
+	}
 	bg := metav1.DeletePropagationBackground
 	if err := cs.AppsV1().DaemonSets(name).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
@@ -218,7 +261,8 @@ func (r *runtime) labels(t *testing.T, name string) map[string]string {
 	return rec.Labels
 }
 
-// nodeLabels records every value the node's label key takes while it runs.
+// nodeLabels records every value the node's label key takes from now until
+// stop is called.
 func nodeLabels(t *testing.T, key string) (stop func() []string) {
 	t.Helper()
 	cs, err := c.Clientset()
@@ -226,31 +270,51 @@ func nodeLabels(t *testing.T, key string) (stop func() []string) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + c.Nodes()[0].Name})
+	n, err := cs.CoreV1().Nodes().Get(ctx, c.Nodes()[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := []string{n.Labels[key]}
+	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + n.Name, ResourceVersion: n.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var seen []string
+	var events int
+	var watchErr error
+	stopping := false
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ev := range w.ResultChan() {
-			if n, ok := ev.Object.(*corev1.Node); ok {
-				mu.Lock()
-				if v := n.Labels[key]; len(seen) == 0 || seen[len(seen)-1] != v {
+			mu.Lock()
+			events++
+			switch o := ev.Object.(type) {
+			case *corev1.Node:
+				if v := o.Labels[key]; seen[len(seen)-1] != v {
 					seen = append(seen, v)
 				}
-				mu.Unlock()
+			case *metav1.Status:
+				if !stopping {
+					watchErr = fmt.Errorf("watch of the node ended: %s", o.Message)
+				}
 			}
+			mu.Unlock()
 		}
 	}()
 	return func() []string {
+		mu.Lock()
+		stopping = true
+		mu.Unlock()
 		cancel()
 		w.Stop()
 		<-done
 		mu.Lock()
 		defer mu.Unlock()
+		if watchErr != nil {
+			t.Fatal(watchErr)
+		}
+		t.Logf("the node changed %d times meanwhile", events)
 		return seen
 	}
 }

@@ -81,8 +81,11 @@ func TestPinsFollowTheList(t *testing.T) {
 	rt := node(t)
 	refs := push(t, 800, 1<<20, "pins-a", "pins-b")
 	a, b := refs[0], refs[1]
-	deploy(t, "pins-one", list(a, b, cluster.PauseImage))
-	deploy(t, "pins-two", list(b))
+	// Budgets in bytes: a share needs the image filesystem's capacity,
+	// which the agent reads through a mount of the harness's own path.
+	budget := "  pin:\n    budget: 64Mi\n"
+	deploy(t, "pins-one", list(a, b, cluster.PauseImage)+budget)
+	deploy(t, "pins-two", list(b)+budget)
 	allPinned := func(s label.Summary) bool { return s.Pins != nil && s.Pins.Images == s.Total }
 	waitSummary(t, "pins-one", "succeeded", 3*time.Minute, allPinned)
 	waitSummary(t, "pins-two", "succeeded", 3*time.Minute, allPinned)
@@ -100,7 +103,7 @@ func TestPinsFollowTheList(t *testing.T) {
 	}
 
 	// a and the sandbox image leave the list of pins-one.
-	deploy(t, "pins-one", list(b))
+	deploy(t, "pins-one", list(b)+budget)
 	waitSummary(t, "pins-one", "succeeded", 3*time.Minute, func(s label.Summary) bool { return s.Total == 1 && s.Pins != nil && s.Pins.Images == 1 })
 	rt.pinned(t, a, false)
 	rt.pinned(t, b, true)

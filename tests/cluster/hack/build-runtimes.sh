@@ -3,7 +3,7 @@
 # containerd 1.6, from the Go module proxy, and caches them by version under
 # RUNTIMES_CACHE/<name>/<version>; only binaries missing from the cache are
 # built (docs/testing.md):
-#   containerd  CONTAINERD_VERSION  containerd
+#   containerd  CONTAINERD_VERSION  containerd, containerd-shim-runc-v2
 #   cri-o       CRIO_VERSION        crio, pinns
 # Each is built in a throwaway wrapper module, beside the cache, and renamed
 # into it, so that a cached binary is always whole.
@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 
 build_containerd() {
   local dir="$CACHE/containerd/$CONTAINERD_VERSION"
-  if [ -x "$dir/containerd" ]; then echo "containerd $CONTAINERD_VERSION cached in $dir"; return; fi
+  if [ -x "$dir/containerd" ] && [ -x "$dir/containerd-shim-runc-v2" ]; then echo "containerd $CONTAINERD_VERSION cached in $dir"; return; fi
   echo ">> building containerd $CONTAINERD_VERSION into $dir (first time only, ~1.5 min on 2 cores)"
   local w="$work/containerd"
   mkdir -p "$w" "$dir"
@@ -25,12 +25,17 @@ build_containerd() {
     cd "$w"
     printf 'module containerdbuild\n\ngo 1.26\n' > go.mod
     GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2@$CONTAINERD_VERSION" >/dev/null
-    GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" >/dev/null
-    # No btrfs/devmapper/zfs headers on the host; the tests use overlayfs.
-    CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
-      -tags 'no_btrfs no_devmapper no_zfs' -o "$dir/.containerd.tmp" github.com/containerd/containerd/v2/cmd/containerd
+    # The shim too: the host's, from Debian's containerd 1.6, cannot run
+    # the pods of a containerd 2.x node ("type with url ...: not found").
+    for cmd in containerd containerd-shim-runc-v2; do
+      [ -x "$dir/$cmd" ] && continue
+      GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2/cmd/$cmd@$CONTAINERD_VERSION" >/dev/null
+      # No btrfs/devmapper/zfs headers on the host; the tests use overlayfs.
+      CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+        -tags 'no_btrfs no_devmapper no_zfs' -o "$dir/.$cmd.tmp" "github.com/containerd/containerd/v2/cmd/$cmd"
+      mv "$dir/.$cmd.tmp" "$dir/$cmd"
+    done
   )
-  mv "$dir/.containerd.tmp" "$dir/containerd"
 }
 
 build_crio() {
