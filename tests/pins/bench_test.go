@@ -62,8 +62,8 @@ func BenchmarkTimeToLabel(b *testing.B) {
 			b.Fatalf("fetch: %v\n%s", err, out.String())
 		}
 		d := time.Since(start)
-		if pin && !strings.Contains(out.String(), "the runtime reports the pins") {
-			b.Fatalf("fetch did not pin:\n%s", out.String())
+		if n := strings.Count(out.String(), "msg=pinned "); pin && n != len(refs) {
+			b.Fatalf("fetch pinned %d images, want %d:\n%s", n, len(refs), out.String())
 		}
 		return d
 	}
