@@ -65,11 +65,16 @@ func wrap(err error, format string, args ...any) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// List returns the image records that match a containerd filter.
+// List returns the image records that match a containerd filter; every
+// record when filter is empty.
 func (c *Containerd) List(ctx context.Context, filter string) ([]Record, error) {
 	ctx, cancel := call(ctx)
 	defer cancel()
-	resp, err := c.images.List(ctx, &imagesapi.ListImagesRequest{Filters: []string{filter}})
+	req := &imagesapi.ListImagesRequest{}
+	if filter != "" {
+		req.Filters = []string{filter}
+	}
+	resp, err := c.images.List(ctx, req)
 	if err != nil {
 		return nil, wrap(err, "containerd images List %s", filter)
 	}

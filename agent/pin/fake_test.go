@@ -13,7 +13,7 @@ import (
 
 // fakeStore is containerd's image store as the images API shows it:
 // records by name, label updates by field path ("" removes a label), and
-// the label-presence filter the pinner lists with. It also answers the
+// listing, all records or by the presence of a label. It also answers the
 // CRI's ImageStatus, pinned when any record of the image carries the pin
 // label (containerd #8867), unless criIgnoresPins (containerd 1.6.20).
 type fakeStore struct {
@@ -72,12 +72,18 @@ func (s *fakeStore) List(_ context.Context, filter string) ([]Record, error) {
 	if s.failList != nil {
 		return nil, s.failList
 	}
+	var out []Record
+	if filter == "" {
+		for _, r := range s.records {
+			out = append(out, clone(r))
+		}
+		return out, nil
+	}
 	key, ok := strings.CutPrefix(filter, `labels."`)
 	key, ok2 := strings.CutSuffix(key, `"`)
 	if !ok || !ok2 {
 		return nil, fmt.Errorf("fake store: unsupported filter %q", filter)
 	}
-	var out []Record
 	for _, r := range s.records {
 		if _, has := r.Labels[key]; has {
 			out = append(out, clone(r))

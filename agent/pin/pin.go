@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
@@ -174,8 +175,10 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 	out := &label.Pins{BudgetBytes: budget}
 	p.lastNotPinned, p.notPinned = p.notPinned, map[string]string{}
 	keep := map[string]bool{}
-	counted := map[string]bool{}
-	var firstPinned pull.Result
+	// The records and sizes of the present images are looked up first,
+	// several at a time: each is a round trip to containerd, and on a
+	// busy node they add up.
+	var items []*item
 	for _, r := range results {
 		if r.Ref == "" {
 			continue
@@ -187,36 +190,48 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 			keep[name] = true
 			continue
 		}
-		rec, ok := marked[name]
-		if !ok {
-			if rec, err = p.Store.Get(ctx, name); err != nil {
-				p.skip(out, r, ReasonPinFailed, fmt.Sprintf("no image record %s: %v", name, err))
+		it := &item{r: r, name: name}
+		it.rec, it.marked = marked[name]
+		items = append(items, it)
+	}
+	p.lookUp(ctx, items)
+	// In list order, each image that fits what is left of the budget; an
+	// image under two references counts once.
+	var toPin []*item
+	var planned uint64
+	counted := map[string]bool{}
+	for _, it := range items {
+		if it.err != nil {
+			keep[it.name] = keep[it.name] || it.marked
+			p.skip(out, it.r, ReasonPinFailed, it.err.Error())
+			continue
+		}
+		if !counted[it.sz.id] {
+			if planned+it.sz.bytes > budget {
+				p.skip(out, it.r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", disk.Bytes(it.sz.bytes), disk.Bytes(budget-planned), disk.Bytes(budget)))
 				continue
 			}
+			planned += it.sz.bytes
+			counted[it.sz.id] = true
 		}
-		sz, err := p.size(ctx, r.Ref, rec)
-		if err != nil {
-			keep[name] = keep[name] || ok
-			p.skip(out, r, ReasonPinFailed, fmt.Sprintf("size on disk unknown: %v", err))
+		keep[it.name] = true
+		toPin = append(toPin, it)
+	}
+	each(len(toPin), func(i int) { toPin[i].err = p.pin(ctx, toPin[i].rec) })
+	var firstPinned pull.Result
+	pinned := map[string]bool{}
+	for _, it := range toPin {
+		if it.err != nil {
+			p.skip(out, it.r, ReasonPinFailed, it.err.Error())
 			continue
 		}
-		first := !counted[sz.id]
-		if first && out.Bytes+sz.bytes > budget {
-			p.skip(out, r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", disk.Bytes(sz.bytes), disk.Bytes(budget-out.Bytes), disk.Bytes(budget)))
-			continue
-		}
-		keep[name] = true
-		if err := p.pin(ctx, rec); err != nil {
-			p.skip(out, r, ReasonPinFailed, err.Error())
-			continue
-		}
-		if first {
-			out.Bytes += sz.bytes
-			counted[sz.id] = true
+		if !pinned[it.sz.id] {
+			out.Bytes += it.sz.bytes
+			pinned[it.sz.id] = true
 		}
 		out.Images++
 		if firstPinned.Ref == "" {
-			firstPinned = r
+			firstPinned = it.r
 		}
 	}
 	for name, rec := range marked {
@@ -246,6 +261,89 @@ func (p *Pinner) skip(out *label.Pins, r pull.Result, reason, message string) {
 	}
 	p.notPinned[r.Normalized] = reason
 	out.NotPin(r.Image, reason, message)
+}
+
+// item is one present image of the list on its way to a pin.
+type item struct {
+	r      pull.Result
+	name   string
+	rec    Record
+	marked bool
+	sz     imageSize
+	err    error
+}
+
+// lookUp finds the record and the size of each item, setting err where it
+// cannot. The records this instance has not marked come from one listing
+// of every record.
+func (p *Pinner) lookUp(ctx context.Context, items []*item) {
+	var all map[string]Record
+	for _, it := range items {
+		if it.marked {
+			continue
+		}
+		if all == nil {
+			list, err := p.Store.List(ctx, "")
+			if err != nil {
+				for _, it := range items {
+					if !it.marked {
+						it.err = fmt.Errorf("list image records: %w", err)
+					}
+				}
+				break
+			}
+			all = make(map[string]Record, len(list))
+			for _, r := range list {
+				all[r.Name] = r
+			}
+		}
+		var ok bool
+		if it.rec, ok = all[it.name]; !ok {
+			it.err = fmt.Errorf("no image record %s", it.name)
+		}
+	}
+	var need []*item
+	for _, it := range items {
+		if it.err != nil {
+			continue
+		}
+		if sz, ok := p.sizes[it.rec.Target.Digest]; ok {
+			it.sz = sz
+			continue
+		}
+		need = append(need, it)
+	}
+	each(len(need), func(i int) {
+		it := need[i]
+		if it.sz, it.err = p.size(ctx, it.r.Ref); it.err != nil {
+			it.err = fmt.Errorf("size on disk unknown: %w", it.err)
+		}
+	})
+	if p.sizes == nil {
+		p.sizes = map[string]imageSize{}
+	}
+	for _, it := range need {
+		if it.err == nil {
+			p.sizes[it.rec.Target.Digest] = it.sz
+		}
+	}
+}
+
+// parallelism bounds the calls to containerd one check makes at once.
+const parallelism = 4
+
+// each calls f(i) for every i below n, parallelism at a time.
+func each(n int, f func(i int)) {
+	sem := make(chan struct{}, parallelism)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
 }
 
 // unsupported turns pinning off for good, after the runtime proved unable
@@ -427,12 +525,9 @@ func marked(labels map[string]string) bool {
 	return false
 }
 
-// size returns what the image of rec takes on the image filesystem: its
-// content, as the CRI counts it, and its unpacked layers.
-func (p *Pinner) size(ctx context.Context, ref string, rec Record) (imageSize, error) {
-	if s, ok := p.sizes[rec.Target.Digest]; ok {
-		return s, nil
-	}
+// size returns what the image ref names takes on the image filesystem:
+// its content, as the CRI counts it, and its unpacked layers.
+func (p *Pinner) size(ctx context.Context, ref string) (imageSize, error) {
 	info, err := p.CRI.ImageStatus(ctx, ref)
 	if err != nil {
 		return imageSize{}, err
@@ -444,12 +539,7 @@ func (p *Pinner) size(ctx context.Context, ref string, rec Record) (imageSize, e
 	if err != nil {
 		return imageSize{}, err
 	}
-	s := imageSize{id: info.ID, bytes: info.Size + unpacked}
-	if p.sizes == nil {
-		p.sizes = map[string]imageSize{}
-	}
-	p.sizes[rec.Target.Digest] = s
-	return s, nil
+	return imageSize{id: info.ID, bytes: info.Size + unpacked}, nil
 }
 
 // recordName is the name of the image record containerd's CRI keeps for a
