@@ -73,7 +73,9 @@ func newFetch(deps *Deps) *cobra.Command {
 				return &ExitCodeError{Code: ExitError, Err: errSilent}
 			}
 			s := pull.Summarize(results, time.Since(start))
-			s.SetPins(a.syncPins(ctx, results))
+			pins, waitPins := a.pinBehind(ctx, results)
+			defer waitPins()
+			s.SetPins(pins)
 			a.observe(s)
 			ok := s.FailureCount() == 0
 			if ok {

@@ -110,6 +110,23 @@ func (a *agent) syncPins(ctx context.Context, results []pull.Result) *label.Pins
 	return pins
 }
 
+// pinBehind pins while fetch labels the node, so that pinning never holds
+// the label up; watch's first check, right after fetch, writes the pins
+// into the annotation. A runtime that cannot pin is said at once, which
+// costs nothing, in fetch's own annotation. wait returns once the pins are
+// set.
+func (a *agent) pinBehind(ctx context.Context, results []pull.Result) (pins *label.Pins, wait func()) {
+	if a.pinner == nil || a.pinner.Unsupported != "" {
+		return a.syncPins(ctx, results), func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.syncPins(ctx, results)
+	}()
+	return nil, func() { <-done }
+}
+
 // unpinAll removes this instance's pins when it leaves the node, giving up
 // at deadline, or 2 s from now if that is later: the calls are local, and
 // the label, whose removal the deadline is for, went first. ctx is the
