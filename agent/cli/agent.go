@@ -17,6 +17,7 @@ import (
 
 	"github.com/image-prefetcher/image-prefetcher/agent/creds"
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/events"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
@@ -58,6 +59,7 @@ type agentFlags struct {
 	statusTimeout         time.Duration
 	startupTaint          taintFlags
 	pin                   pinFlags
+	diskCeilingPercent    int
 
 	// Set from the command line by parsed.
 	labelNodeSet bool
@@ -95,6 +97,7 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.DurationVar(&f.labelRetryFor, "label-retry-timeout", 2*time.Minute, "how long transient API errors are retried when labeling")
 	f.startupTaint.register(fs)
 	f.pin.register(fs)
+	fs.IntVar(&f.diskCeilingPercent, "disk-ceiling-percent", int(v1alpha1.DefaultDiskCeilingPercent), "no pull starts once the runtime's image filesystem is this full (percent, as the kubelet counts it), and pulls in flight stop before it is")
 	_ = fs.MarkHidden("permanent-error-attempts")
 	_ = fs.MarkHidden("label-retry-timeout")
 
@@ -124,6 +127,9 @@ func (f *agentFlags) validate() error {
 	}
 	if f.maxConcurrentNodes < 0 || f.seedNodes < 0 {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--max-concurrent-nodes and --seed-nodes must not be negative")}
+	}
+	if f.diskCeilingPercent < 1 || f.diskCeilingPercent > 100 {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--disk-ceiling-percent must be between 1 and 100")}
 	}
 	if f.statusTimeout <= 0 {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--image-list-timeout must be positive")}
@@ -168,6 +174,10 @@ type agent struct {
 	labeler *label.Labeler
 	events  *events.Recorder
 	metrics *metrics.Metrics
+	// disk holds pulls below the disk ceiling.
+	disk *disk.Guard
+	// removals notices images leaving the node between watch's checks.
+	removals *removals
 	// taint is nil unless --startup-taint is set.
 	taint *taint.Remover
 	// pinner is nil when nothing is pinned (agent/cli/pin.go).
@@ -307,7 +317,9 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		a.cri = nil
 		return err
 	}
+	a.disk = &disk.Guard{Reader: disk.Reader{Runtime: c}, Ceiling: disk.Ceiling{Percent: f.diskCeilingPercent}, Log: log}
 	cfg := pull.Config{
+		Disk:                  a.disk,
 		Parallelism:           f.parallelism,
 		Policy:                v1alpha1.PullPolicy(f.pullPolicy),
 		InitialAttemptTimeout: f.initialAttemptTimeout,

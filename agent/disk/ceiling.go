@@ -58,7 +58,7 @@ func (e *FullError) Error() string {
 	case e.Cause != nil:
 		b.WriteString("no space left on the image filesystem; ")
 	case e.Projected:
-		b.WriteString("the image filesystem would reach its ceiling within the next look; ")
+		b.WriteString("the image filesystem was about to reach its ceiling at the rate it was filling; ")
 	default:
 		b.WriteString("the image filesystem is at or above its ceiling; ")
 	}

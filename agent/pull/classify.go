@@ -38,9 +38,15 @@ const (
 	// ReasonShortNameUnresolved: CRI-O found no alias and no search
 	// registry for a short name such as "busybox".
 	ReasonShortNameUnresolved = "ShortNameUnresolved"
-	ReasonTimeout             = "Timeout"
-	ReasonPullFailed          = "PullFailed"
-	ReasonMissing             = "Missing"
+	// ReasonInsufficientDisk: the image filesystem reached the disk
+	// ceiling, or the runtime ran out of space. It ends the run's pulls.
+	ReasonInsufficientDisk = "InsufficientDisk"
+	ReasonTimeout          = "Timeout"
+	ReasonPullFailed       = "PullFailed"
+	ReasonMissing          = "Missing"
+	// ReasonRemoved: the image was present, and left the node since
+	// (agent/presence); watch pulls it again.
+	ReasonRemoved = "Removed"
 )
 
 // Verdict is what Explain makes of an error.
@@ -99,6 +105,9 @@ var (
 )
 
 var rules = []rule{
+	// The node's disk, whatever the registry said before it: permanent
+	// for the run (disk.go).
+	{"no-space", Permanent, ReasonInsufficientDisk, contains("no space left on device")},
 	{"blob-denied", Transient, ReasonForbidden, matches(blobDenied)},
 	{"invalid-reference", Permanent, ReasonInvalidReference, contains("invalid reference format", "repository name must be lowercase", "cannot parse input")},
 	{"short-name", Permanent, ReasonShortNameUnresolved, contains("did not resolve to an alias")},
@@ -131,8 +140,8 @@ func Classify(err error) (Class, string) {
 // Explain classifies a CRI pull error by its gRPC code and the stable part
 // of its message, as containerd 1.6, containerd 2.x and CRI-O word it
 // (agent/pull/testdata/errors holds what each really returns). An error no
-// rule recognises is transient, since it may well go away (a disk full while
-// unpacking, a runtime hiccup), with an empty Rule so that the caller can
+// rule recognises is transient, since it may well go away (a runtime
+// hiccup), with an empty Rule so that the caller can
 // report it.
 func Explain(err error) Verdict {
 	if err == nil {

@@ -41,7 +41,8 @@ func TestClassifyContainerdMessages(t *testing.T) {
 		{"eof", status.Errorf(codes.Unknown, `failed to pull and unpack image %q: failed to copy: unexpected EOF`, ref), Transient, ReasonPullFailed},
 		{"local deadline", context.DeadlineExceeded, Transient, ReasonTimeout},
 		{"plain eof", io.ErrUnexpectedEOF, Transient, ReasonPullFailed},
-		{"unknown", errors.New("failed to extract layer: no space left on device"), Transient, ReasonPullFailed},
+		{"disk full", errors.New("failed to extract layer: no space left on device"), Permanent, ReasonInsufficientDisk},
+		{"unknown", errors.New("failed to extract layer: input/output error"), Transient, ReasonPullFailed},
 	}
 	for _, c := range cases {
 		for _, err := range []error{c.err, wrap(c.err)} {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
@@ -82,6 +83,10 @@ type Config struct {
 
 	// Gate is herd control; nil lets every node pull at once.
 	Gate Gate
+	// Disk, when set, holds pulls below the image filesystem's ceiling:
+	// none starts at or above it, and once one reaches it (or the runtime
+	// runs out of space) the run stops pulling (disk.go).
+	Disk Disk
 	// Waiting, when set, is called with the results of the ImageStatus
 	// pass just before a slot is asked for, when something needs pulling:
 	// watch uses it to tell the truth about a missing image while it waits.
@@ -164,6 +169,8 @@ type Result struct {
 	// resolves a short name through its aliases exactly as for the pods.
 	Ref     string
 	Present bool
+	// ID is the runtime's image ID of a present image.
+	ID string
 	// Pulled is true when this run pulled the image.
 	Pulled   bool
 	Attempts int
@@ -235,6 +242,15 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 		}
 	}
 	if len(todo) == 0 {
+		return results
+	}
+	// A full disk is known before a herd-control slot is taken: waiting
+	// for one would only hold it from a node that can pull.
+	if err := p.checkDisk(ctx); err != nil {
+		for _, i := range todo {
+			p.giveUpDisk(p.newJob(&results[i]), err)
+		}
+		p.recheck(ctx, results, todo, statusFailed)
 		return results
 	}
 	if p.cfg.Waiting != nil {
@@ -361,7 +377,7 @@ func (p *Puller) statusAll(ctx context.Context, results []Result, idx []int) []e
 				return
 			}
 			if info != nil {
-				r.Present, r.Bytes = true, info.Size
+				r.Present, r.ID, r.Bytes = true, info.ID, info.Size
 				p.cfg.Log.Debug("image present", "image", r.Normalized)
 			}
 		})
@@ -399,6 +415,7 @@ func (p *Puller) newJob(r *Result) *job {
 type attemptDone struct {
 	j     *job
 	err   error
+	id    string
 	bytes uint64
 	// found: the attempt failed but the image turned out to be present.
 	found bool
@@ -426,6 +443,22 @@ type backoffDone struct {
 func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (interrupted []*job) {
 	attempts := make(chan attemptDone)
 	backoffs := make(chan backoffDone)
+	// A full disk ends the attempts in flight and the delays before the
+	// next ones at once, through actx (disk.go).
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	var full error
+	fullNow := make(chan error, 1)
+	if p.cfg.Disk != nil {
+		go p.cfg.Disk.Watch(actx, func(err *disk.FullError) { fullNow <- err })
+	}
+	stopForDisk := func(err error) {
+		if full == nil {
+			full = err
+			stop()
+			p.cfg.Log.Error("stopped pulling: the image filesystem is full for this run", "err", err)
+		}
+	}
 	inFlight, sleeping := 0, 0
 	for {
 		if ctx.Err() != nil {
@@ -438,6 +471,17 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (i
 			}
 			queue = nil
 		}
+		if full == nil && len(queue) > 0 && inFlight < p.cfg.Parallelism {
+			if err := p.checkDisk(ctx); err != nil {
+				stopForDisk(err)
+			}
+		}
+		if full != nil {
+			for _, j := range queue {
+				p.giveUpDisk(j, full)
+			}
+			queue = nil
+		}
 		for inFlight < p.cfg.Parallelism && len(queue) > 0 {
 			j := queue[0]
 			queue = queue[1:]
@@ -446,7 +490,7 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (i
 			}
 			j.r.Attempts++
 			inFlight++
-			go func() { attempts <- p.runAttempt(ctx, j, w) }()
+			go func() { attempts <- p.runAttempt(actx, j, w) }()
 		}
 		if inFlight == 0 && sleeping == 0 && len(queue) == 0 {
 			return interrupted
@@ -466,12 +510,24 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (i
 				interrupted = append(interrupted, d.j)
 				continue
 			}
+			if d.err != nil && full == nil && Explain(d.err).Reason == ReasonInsufficientDisk {
+				p.cfg.Observer.Attempt(Permanent)
+				stopForDisk(p.outOfSpace(ctx, d.err))
+			}
+			if d.err != nil && full != nil {
+				p.giveUpDisk(d.j, full)
+				continue
+			}
 			if wait, retry := p.settle(ctx, d); retry {
 				sleeping++
-				go func() { backoffs <- backoffDone{d.j, p.cfg.Sleep(ctx, wait)} }()
+				go func() { backoffs <- backoffDone{d.j, p.cfg.Sleep(actx, wait)} }()
 			}
 		case b := <-backoffs:
 			sleeping--
+			if full != nil {
+				p.giveUpDisk(b.j, full)
+				continue
+			}
 			if b.err != nil {
 				if slotLost(ctx) {
 					interrupted = append(interrupted, b.j)
@@ -481,6 +537,8 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (i
 				continue
 			}
 			queue = append(queue, b.j)
+		case err := <-fullNow:
+			stopForDisk(err)
 		case <-done:
 		}
 	}
@@ -501,13 +559,13 @@ func (p *Puller) runAttempt(ctx context.Context, j *job, w *progressWatch) attem
 		// that cannot be reached must not turn a present image into a
 		// failure.
 		if info, err := p.rt.ImageStatus(ctx, j.r.Ref); err == nil && info != nil {
-			d.err, d.found, d.bytes = nil, true, info.Size
+			d.err, d.found, d.id, d.bytes = nil, true, info.ID, info.Size
 		}
 		return d
 	}
 	if d.err == nil {
 		if info, err := p.rt.ImageStatus(ctx, j.r.Ref); err == nil && info != nil {
-			d.bytes = info.Size
+			d.id, d.bytes = info.ID, info.Size
 		}
 	}
 	return d
@@ -518,12 +576,12 @@ func (p *Puller) runAttempt(ctx context.Context, j *job, w *progressWatch) attem
 func (p *Puller) settle(ctx context.Context, d attemptDone) (time.Duration, bool) {
 	j, r := d.j, d.j.r
 	if d.found {
-		r.Present, r.Reason, r.Message, r.Bytes = true, "", "", d.bytes
+		r.Present, r.Reason, r.Message, r.ID, r.Bytes = true, "", "", d.id, d.bytes
 		j.log.Info("image is present after all; its ImageStatus call had failed, and the pull failed too", "attempts", r.Attempts)
 		return 0, false
 	}
 	if d.err == nil {
-		r.Present, r.Pulled, r.Reason, r.Message = true, true, "", ""
+		r.Present, r.Pulled, r.Reason, r.Message, r.ID = true, true, "", "", d.id
 		r.Duration, r.Bytes = time.Since(j.start), d.bytes
 		p.cfg.Observer.Attempt("success")
 		p.cfg.Observer.Pulled(r.Normalized, r.Duration, r.Bytes)
@@ -619,7 +677,12 @@ func (p *Puller) attempt(ctx context.Context, ref string, auths []cri.Auth, time
 		if first == nil {
 			first = err
 		}
-		if c, _ := Classify(err); c == Transient && transient == nil {
+		c, reason := Classify(err)
+		if reason == ReasonInsufficientDisk {
+			// Another credential would only fill the disk again.
+			return err
+		}
+		if c == Transient && transient == nil {
 			transient = err
 		}
 		if ctx.Err() != nil {
