@@ -132,6 +132,8 @@ func mountSource(name string, s v1alpha1.Spec) (path, what string) {
 		return "", "its writable /tmp"
 	case volCRISocket:
 		return "spec.criSocket", "the CRI socket's directory"
+	case volImageFS:
+		return "spec.disk.imageFilesystem", "the image filesystem"
 	case volCPConfig:
 		return "spec.credentialProvider.configPath", "the credential-provider config"
 	case volCPBin:

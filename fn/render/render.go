@@ -292,12 +292,14 @@ const (
 	volTmp       = "tmp"
 	volCPConfig  = "credential-provider-config"
 	volCPBin     = "credential-provider-bin"
+	volImageFS   = "image-filesystem"
 )
 
 func (c Config) flags(subcommand string) []string {
 	f := []string{
 		subcommand,
 		"--cri-socket=" + c.CRISocket,
+		fmt.Sprintf("--disk-ceiling-percent=%d", c.DiskCeilingPercent),
 		"--image-list-file=" + path.Join(v1alpha1.ImageListDir, v1alpha1.ImageListKey),
 	}
 	for _, s := range c.PullSecrets {
@@ -338,7 +340,7 @@ func (c Config) flags(subcommand string) []string {
 func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectMeta) *appsv1.DaemonSet {
 	ro := true
 	socketDir := path.Dir(c.CRISocket)
-	dirType, fileType := corev1.HostPathDirectory, corev1.HostPathFile
+	dirType, fileType, dirOrCreate := corev1.HostPathDirectory, corev1.HostPathFile, corev1.HostPathDirectoryOrCreate
 
 	mounts := []corev1.VolumeMount{
 		{Name: volImageList, MountPath: v1alpha1.ImageListDir, ReadOnly: true},
@@ -363,6 +365,12 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 			corev1.Volume{Name: volCPConfig, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cp.ConfigPath, Type: &fileType}}},
 			corev1.Volume{Name: volCPBin, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cp.BinDir, Type: &dirType}}})
 	}
+	// statfs of the runtime's image directory is the only way to its
+	// capacity (agent/disk); at the host's path, because that is the path
+	// the runtime reports. DirectoryOrCreate: a node whose runtime keeps
+	// its images elsewhere still starts the agent (docs/security.md).
+	mounts = append(mounts, corev1.VolumeMount{Name: volImageFS, MountPath: c.ImageFilesystem, ReadOnly: true})
+	volumes = append(volumes, corev1.Volume{Name: volImageFS, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.ImageFilesystem, Type: &dirOrCreate}}})
 	// The root filesystem is read-only; this is the only writable place.
 	mounts = append(mounts, corev1.VolumeMount{Name: volTmp, MountPath: "/tmp"})
 	volumes = append(volumes, corev1.Volume{Name: volTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})

@@ -44,6 +44,8 @@ type Config struct {
 	Flavor             v1alpha1.Flavor              `json:"flavor"`
 	Runtime            v1alpha1.Runtime             `json:"runtime"`
 	CRISocket          string                       `json:"criSocket"`
+	DiskCeilingPercent int32                        `json:"diskCeilingPercent"`
+	ImageFilesystem    string                       `json:"imageFilesystem"`
 	AgentImage         string                       `json:"agentImage"`
 	Resources          corev1.ResourceRequirements  `json:"resources"`
 	PullSecrets        []string                     `json:"pullSecrets,omitempty"`
@@ -165,6 +167,8 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 			p = append(p, errorf("spec.criSocket", "%q %s", s.CRISocket, err))
 		}
 	}
+
+	p = append(p, c.checkDisk(s.Disk)...)
 
 	c.AgentImage = version.AgentImage()
 	if s.Agent.Image != "" {
@@ -436,6 +440,34 @@ func hostFilePath(p string) string {
 		return "must not be directly under '/': its directory is mounted into the pod"
 	}
 	return ""
+}
+
+// checkDisk applies spec.disk's defaults, which depend on the runtime.
+func (c *Config) checkDisk(d v1alpha1.Disk) Problems {
+	var p Problems
+	c.DiskCeilingPercent = v1alpha1.DefaultDiskCeilingPercent
+	if d.CeilingPercent != nil {
+		c.DiskCeilingPercent = *d.CeilingPercent
+		if c.DiskCeilingPercent < 1 || c.DiskCeilingPercent > 100 {
+			p = append(p, errorf("spec.disk.ceilingPercent", "must be between 1 and 100, got %d: it is how full, in percent, the image filesystem may get from pulling (the kubelet's image GC starts at 85%% by default)", c.DiskCeilingPercent))
+		}
+	}
+	c.ImageFilesystem = v1alpha1.DefaultContainerdImageFilesystem
+	if c.Runtime == v1alpha1.RuntimeCRIO {
+		c.ImageFilesystem = v1alpha1.DefaultCRIOImageFilesystem
+	}
+	if f := d.ImageFilesystem; f != "" {
+		c.ImageFilesystem = f
+		switch {
+		case !path.IsAbs(f):
+			p = append(p, errorf("spec.disk.imageFilesystem", "%q must be an absolute path on the node", f))
+		case path.Clean(f) != f:
+			p = append(p, errorf("spec.disk.imageFilesystem", "%q must be a clean path (no '..', '//' or trailing '/')", f))
+		case f == "/":
+			p = append(p, errorf("spec.disk.imageFilesystem", "must not be '/': name the runtime's image directory, the mountpoint its ImageFsInfo reports (such as %s), or its root", v1alpha1.DefaultContainerdImageFilesystem))
+		}
+	}
+	return p
 }
 
 func checkMaxUnavailable(v intstr.IntOrString) string {

@@ -50,6 +50,8 @@ type Spec struct {
 	// Pin keeps the listed images from the kubelet's image garbage
 	// collection, within a budget (containerd only; docs/agent.md).
 	Pin Pin `json:"pin,omitempty"`
+	// Disk keeps prefetching from filling the node's image filesystem.
+	Disk Disk `json:"disk,omitempty"`
 }
 
 // Pin configures pinning: after an image of the list is present, the agent
@@ -67,6 +69,34 @@ type Pin struct {
 // default image GC thresholds (85% high, 80% low), a quarter pinned leaves
 // more than half of the filesystem for images the GC may remove.
 const DefaultPinBudget = "25%"
+
+// Disk keeps prefetching below the kubelet's image garbage collection and
+// eviction thresholds. docs/agent.md, "The disk ceiling", tells how.
+type Disk struct {
+	// CeilingPercent: no pull starts once the runtime's image filesystem
+	// is this full (in percent, as the kubelet counts it), and pulls in
+	// flight stop before it gets there. 1 to 100.
+	CeilingPercent *int32 `json:"ceilingPercent,omitempty"`
+	// ImageFilesystem is the host directory where the runtime keeps its
+	// images (the mountpoint its ImageFsInfo reports), or a directory
+	// above it; it is mounted read-only, at the same path, so that the
+	// agent can read the filesystem's capacity.
+	ImageFilesystem string `json:"imageFilesystem,omitempty"`
+}
+
+// DefaultDiskCeilingPercent is spec.disk.ceilingPercent when unset: the
+// kubelet's default imageGCLowThresholdPercent. Prefetching then never
+// pushes a node into image GC (from 85%) or eviction (imagefs.available
+// below 15%) on its own, and a pull that goes past the ceiling before it
+// is stopped has 5 points of room.
+const DefaultDiskCeilingPercent int32 = 80
+
+// Default image filesystems: the mountpoints the runtimes' ImageFsInfo
+// reports with their default root and storage driver.
+const (
+	DefaultContainerdImageFilesystem = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs"
+	DefaultCRIOImageFilesystem       = "/var/lib/containers/storage/overlay-images"
+)
 
 // Metrics switches on the agent's Prometheus endpoint and the monitoring
 // objects that go with it. docs/monitoring.md describes the metrics and the
