@@ -76,6 +76,7 @@ func newFetch(deps *Deps) *cobra.Command {
 			pins, waitPins := a.pinBehind(ctx, results)
 			defer waitPins()
 			s.SetPins(pins)
+			s.Disk = a.diskState(ctx)
 			a.observe(s)
 			ok := s.FailureCount() == 0
 			if ok {

@@ -174,52 +174,76 @@ func Collect(nodes []corev1.Node, domain string, only []string) ([]NodeStatus, b
 
 func printTable(deps *Deps, rows []NodeStatus) {
 	w := tabwriter.NewWriter(deps.Stdout, 0, 4, 2, ' ', 0)
+	cols := []column{
+		{"INSTANCE", func(i InstanceStatus) string { return i.Instance }},
+		{"STATE", func(i InstanceStatus) string { return i.State }},
+		{"OWNER", ownerColumn},
+	}
 	// Optional columns are there only when some instance has what they
 	// show, so that the table of everyone else stays as it was.
-	taints, pins := hasTaints(rows), hasPins(rows)
-	header := []string{"NODE", "INSTANCE", "STATE", "OWNER"}
-	if taints {
-		header = append(header, "STARTUP-TAINT")
+	if hasTaints(rows) {
+		cols = append(cols, column{"STARTUP-TAINT", func(i InstanceStatus) string { return taintCell(i.StartupTaint) }})
 	}
-	header = append(header, "PRESENT")
-	if pins {
-		header = append(header, "PINNED")
+	cols = append(cols, column{"PRESENT", presentCell})
+	if hasPins(rows) {
+		cols = append(cols, column{"PINNED", func(i InstanceStatus) string { return pinCell(i.Summary) }})
 	}
-	fmt.Fprintln(w, strings.Join(append(header, "FAILURES"), "\t"))
+	if hasDisk(rows) {
+		cols = append(cols, column{"IMAGE-FS", diskCell})
+	}
+	cols = append(cols, column{"FAILURES", failuresCell})
+	line := func(node string, cells func(column) string) {
+		fmt.Fprint(w, node)
+		for _, c := range cols {
+			fmt.Fprint(w, "\t", cells(c))
+		}
+		fmt.Fprintln(w)
+	}
+	line("NODE", func(c column) string { return c.header })
 	for _, r := range rows {
 		if len(r.Instances) == 0 {
-			cells := []string{r.Node, "-", stateMissing}
-			for len(cells) < len(header)+1 {
-				cells = append(cells, "-")
-			}
-			fmt.Fprintln(w, strings.Join(cells, "\t"))
+			line(r.Node, func(c column) string {
+				if c.header == "STATE" {
+					return stateMissing
+				}
+				return "-"
+			})
 		}
 		for _, i := range r.Instances {
-			present, failures := "-", "-"
-			if s := i.Summary; s != nil {
-				present = fmt.Sprintf("%d/%d", s.Present, s.Total)
-				var parts []string
-				for _, f := range s.Failed {
-					parts = append(parts, fmt.Sprintf("%s (%s)", f.Image, f.Reason))
-				}
-				if s.OmittedFailures > 0 {
-					parts = append(parts, fmt.Sprintf("and %d more", s.OmittedFailures))
-				}
-				if len(parts) > 0 {
-					failures = strings.Join(parts, ", ")
-				}
-			}
-			cells := []string{r.Node, i.Instance, i.State, ownerColumn(i)}
-			if taints {
-				cells = append(cells, taintCell(i.StartupTaint))
-			}
-			cells = append(cells, present)
-			if pins {
-				cells = append(cells, pinCell(i.Summary))
-			}
-			fmt.Fprintln(w, strings.Join(append(cells, failures), "\t"))
+			line(r.Node, func(c column) string { return c.cell(i) })
 		}
 	}
 	_ = w.Flush()
 	printConflicts(deps, rows)
+}
+
+// column is one column of the status table after NODE.
+type column struct {
+	header string
+	cell   func(InstanceStatus) string
+}
+
+func presentCell(i InstanceStatus) string {
+	if s := i.Summary; s != nil {
+		return fmt.Sprintf("%d/%d", s.Present, s.Total)
+	}
+	return "-"
+}
+
+func failuresCell(i InstanceStatus) string {
+	s := i.Summary
+	if s == nil {
+		return "-"
+	}
+	var parts []string
+	for _, f := range s.Failed {
+		parts = append(parts, fmt.Sprintf("%s (%s)", f.Image, f.Reason))
+	}
+	if s.OmittedFailures > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more", s.OmittedFailures))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
-	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -66,10 +65,11 @@ func newWatch(deps *Deps) *cobra.Command {
 			if refresh > 0 {
 				a.log.Info("watching", "images", len(a.entries), "refreshInterval", refresh)
 				go kp.repairWhileChecking(ctx, refresh)
+				a.removals = watchRemovals(ctx, a)
 				for {
 					kp.begin()
 					a.check(ctx)
-					if sleepCtx(ctx, jitter(refresh)) != nil {
+					if a.removals.wait(ctx, jitter(refresh)) != nil {
 						break
 					}
 				}
@@ -183,23 +183,12 @@ func (a *agent) check(ctx context.Context) {
 			a.log.Info("image was missing and has been pulled again", "image", r.Normalized)
 		}
 	}
-	s := pull.Summarize(results, time.Since(start))
-	s.SetPins(a.syncPins(ctx, results))
-	a.observe(s)
-	a.reconcile(ctx, s)
+	a.removals.checked(ctx, results, start, a.syncPins(ctx, results))
 }
 
-// reconcile rewrites the label and annotation when they drifted from s.
-// Only one reconcile runs at a time: the check loop and the keeper share it.
-func (a *agent) reconcile(ctx context.Context, s label.Summary) {
-	if a.labeler == nil {
-		return
-	}
-	a.labelMu.Lock()
-	defer a.labelMu.Unlock()
-	a.reconcileLocked(ctx, s)
-}
-
+// reconcileLocked rewrites the label and annotation when they drifted
+// from s. The caller holds labelMu: the check loop (removals.go), the
+// keeper and removals share it.
 func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
 	// Compared with the owner: an unowned key with the right value is
 	// rewritten once, to adopt it.

@@ -244,3 +244,16 @@ func (c *Client) ImageFsInfo(ctx context.Context) ([]Filesystem, error) {
 	}
 	return out, nil
 }
+
+// ListImages returns the ID of every image the runtime holds.
+func (c *Client) ListImages(ctx context.Context) ([]string, error) {
+	resp, err := c.img.ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		return nil, c.after(fmt.Errorf("CRI ListImages on %s: %w", c.Socket, err))
+	}
+	ids := make([]string, 0, len(resp.GetImages()))
+	for _, img := range resp.GetImages() {
+		ids = append(ids, img.GetId())
+	}
+	return ids, nil
+}

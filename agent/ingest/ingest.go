@@ -44,7 +44,7 @@ type Status struct {
 func List(ctx context.Context, conn grpc.ClientConnInterface) ([]Status, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx, "containerd-namespace", Namespace)
 	var resp []byte
-	if err := conn.Invoke(ctx, listStatuses, []byte{}, &resp, grpc.ForceCodec(rawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, listStatuses, []byte{}, &resp, grpc.ForceCodec(RawCodec{})); err != nil {
 		switch status.Code(err) {
 		case codes.Unimplemented, codes.PermissionDenied:
 			return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
@@ -167,24 +167,25 @@ func decodeTimestamp(b []byte) (time.Time, error) {
 	return time.Unix(sec, nsec), nil
 }
 
-// rawCodec passes encoded messages through as bytes.
-type rawCodec struct{}
+// RawCodec passes encoded messages through as bytes: the calls to
+// containerd's own APIs encode their few fields by hand.
+type RawCodec struct{}
 
-func (rawCodec) Marshal(v any) ([]byte, error) {
+func (RawCodec) Marshal(v any) ([]byte, error) {
 	b, ok := v.([]byte)
 	if !ok {
-		return nil, fmt.Errorf("ingest codec: cannot marshal %T", v)
+		return nil, fmt.Errorf("raw codec: cannot marshal %T", v)
 	}
 	return b, nil
 }
 
-func (rawCodec) Unmarshal(data []byte, v any) error {
+func (RawCodec) Unmarshal(data []byte, v any) error {
 	p, ok := v.(*[]byte)
 	if !ok {
-		return fmt.Errorf("ingest codec: cannot unmarshal into %T", v)
+		return fmt.Errorf("raw codec: cannot unmarshal into %T", v)
 	}
 	*p = append((*p)[:0], data...)
 	return nil
 }
 
-func (rawCodec) Name() string { return "proto" }
+func (RawCodec) Name() string { return "proto" }

@@ -63,6 +63,9 @@ type Summary struct {
 	// Pins is what the agent pinned on the node (agent/pin); nil when
 	// pinning is off.
 	Pins *Pins `json:"pins,omitempty"`
+	// Disk is the image filesystem against the disk ceiling when the
+	// summary was made; nil when its capacity could not be read.
+	Disk *Disk `json:"disk,omitempty"`
 }
 
 // Pins is the pinning part of the annotation.
@@ -122,6 +125,38 @@ func (s *Summary) SetPins(p *Pins) {
 		p.NotPinned = p.NotPinned[:len(p.NotPinned)-1]
 		p.OmittedNotPinned++
 	}
+}
+
+// Disk is the image filesystem's usage, as the kubelet counts it, against
+// the disk ceiling (agent/disk).
+type Disk struct {
+	UsedBytes      uint64 `json:"usedBytes"`
+	CapacityBytes  uint64 `json:"capacityBytes"`
+	CeilingPercent int    `json:"ceilingPercent"`
+}
+
+// Percent is how full the filesystem is, as the kubelet computes it.
+func (d Disk) Percent() int {
+	if d.CapacityBytes == 0 || d.UsedBytes > d.CapacityBytes {
+		return 0
+	}
+	return 100 - int((d.CapacityBytes-d.UsedBytes)*100/d.CapacityBytes)
+}
+
+// diskDriftPoints is how far, in percentage points, the usage moves
+// before the annotation is rewritten for it alone: a label rewrite per
+// check for a byte more would load the apiserver for nothing.
+const diskDriftPoints = 5
+
+// sameDisk reports whether two readings tell the same story: the same
+// ceiling, on the same side of it, within diskDriftPoints.
+func sameDisk(a, b *Disk) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	pa, pb := a.Percent(), b.Percent()
+	return a.CeilingPercent == b.CeilingPercent && (pa >= a.CeilingPercent) == (pb >= b.CeilingPercent) &&
+		pa-pb < diskDriftPoints && pb-pa < diskDriftPoints
 }
 
 // NewSummary builds a summary, keeping the first MaxFailures failures.
@@ -189,9 +224,12 @@ func (s Summary) Text() string {
 }
 
 // Same reports whether two summaries describe the same state, ignoring
-// when and how fast they were computed.
+// when and how fast they were computed, and small moves of the disk usage.
 func (s Summary) Same(o Summary) bool {
 	if (s.Owner == nil) != (o.Owner == nil) || s.Owner != nil && *s.Owner != *o.Owner {
+		return false
+	}
+	if !sameDisk(s.Disk, o.Disk) {
 		return false
 	}
 	if s.Total != o.Total || s.Present != o.Present || s.OmittedFailures != o.OmittedFailures || len(s.Failed) != len(o.Failed) {
