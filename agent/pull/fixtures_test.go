@@ -34,6 +34,8 @@ var want = map[string]Verdict{
 	// The object store behind the registry refused an expired presigned
 	// URL: the next attempt gets a fresh one.
 	ef.BlobRedirectForbidden: {Class: Transient, Reason: ReasonForbidden},
+	// The node's disk: final for the run (disk.go).
+	ef.DiskFull: {Class: Permanent, Reason: ReasonInsufficientDisk},
 }
 
 func loadFixtures(t *testing.T) []ef.Fixture {

@@ -51,6 +51,8 @@ type Node struct {
 	kubeletArgs []string
 	// runcPath is the runc CRI-O runs (crioruntime.go).
 	runcPath string
+	// imageStoreBytes is the size of the runtime root's tmpfs; 0 for none.
+	imageStoreBytes int64
 }
 
 // NodeSocketPath is the CRI socket path inside every node (what rendered
@@ -163,6 +165,7 @@ func (c *Cluster) newNode(i int, extra map[string]string) *Node {
 		n.Runtime = c.opts.NodeRuntime(i)
 	}
 	n.ShortNameAliases = c.opts.ShortNameAliases
+	n.imageStoreBytes = c.opts.ImageStoreBytes
 	n.setSocket()
 	return n
 }
@@ -301,17 +304,28 @@ exec sleep infinity
 `, n.Dir, n.imageStoreMount())
 }
 
-// imageStoreMount is the holder's command that puts the runtime's root on a
-// tmpfs of Options.ImageStoreBytes, or nothing.
+// ImageStore is the node's image store: its runtime's root directory.
+func (n *Node) ImageStore() string {
+	if n.Runtime == CRIO {
+		return filepath.Join(n.Dir, "crio", "storage")
+	}
+	return filepath.Join(n.Dir, "containerd")
+}
+
+// imageStoreMount is the holder's command that puts the runtime's root on
+// a tmpfs of imageStoreBytes, or nothing.
 func (n *Node) imageStoreMount() string {
-	if n.c.opts.ImageStoreBytes <= 0 {
+	if n.imageStoreBytes <= 0 {
 		return ""
 	}
-	root := filepath.Join(n.Dir, "containerd")
-	if n.Runtime == CRIO {
-		root = filepath.Join(n.Dir, "crio", "storage")
-	}
-	return fmt.Sprintf("mkdir -p %[1]q\nmount -t tmpfs -o size=%[2]d,mode=711 ipf-image-store %[1]q", root, n.c.opts.ImageStoreBytes)
+	return fmt.Sprintf("mkdir -p %[1]q\nmount -t tmpfs -o size=%[2]d,mode=711 ipf-image-store %[1]q", n.ImageStore(), n.imageStoreBytes)
+}
+
+// InNode is path as the node's processes see it: its own mount namespace
+// holds the image store's tmpfs, which the test process does not see at
+// path itself.
+func (n *Node) InNode(path string) string {
+	return filepath.Join(fmt.Sprintf("/proc/%d/root", n.holderPID), path)
 }
 
 func (n *Node) startHolder(ctx context.Context) error {

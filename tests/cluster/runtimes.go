@@ -20,6 +20,10 @@ type RuntimeOptions struct {
 	Runtime Runtime
 	// ShortNameAliases are CRI-O's short-name aliases (CRIO only).
 	ShortNameAliases map[string]string
+	// ImageStoreBytes, when set, puts each runtime's root on a tmpfs of
+	// that size in the node's mount namespace: an image filesystem small
+	// enough to fill.
+	ImageStoreBytes int64
 }
 
 // StartRuntimes adds n runtime-only nodes to a control-plane-only cluster
@@ -57,6 +61,7 @@ func (c *Cluster) StartRuntimes(ctx context.Context, n int, opts RuntimeOptions)
 			Dir:        c.path(fmt.Sprintf("n%d", i+1)),
 			cniNet:     fmt.Sprintf("ipf-%s-n%d", c.ID, i+1),
 			Runtime:    opts.Runtime, ShortNameAliases: opts.ShortNameAliases,
+			imageStoreBytes: opts.ImageStoreBytes,
 		}
 		node.setSocket()
 		c.mu.Lock()

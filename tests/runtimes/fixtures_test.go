@@ -33,8 +33,11 @@ const (
 // needs, switches its faults on, and returns the reference and credentials
 // to pull with.
 type errCase struct {
-	kind    string
-	only    []cluster.Runtime
+	kind string
+	only []cluster.Runtime
+	// fill: the case runs on a node of its own whose image store it
+	// fills (disk_test.go).
+	fill    bool
 	timeout time.Duration
 	prepare func(ctx context.Context, t *testing.T, n *node) (string, *runtimeapi.AuthConfig)
 }
@@ -112,6 +115,11 @@ func errCases() []errCase {
 			blockInVerifier(t, n, n.repo("blocked"))
 			return n.ref("blocked", "v1"), nil
 		}},
+		{kind: errorfixtures.DiskFull, fill: true, prepare: func(ctx context.Context, t *testing.T, n *node) (string, *runtimeapi.AuthConfig) {
+			// One layer larger than the whole store.
+			pushLayers(ctx, t, n.repo("too-big")+":v1", 300, smallStoreBytes+32<<20)
+			return n.ref("too-big", "v1"), nil
+		}},
 		{kind: errorfixtures.ShortNameUnresolved, only: []cluster.Runtime{cluster.CRIO}, prepare: func(ctx context.Context, t *testing.T, n *node) (string, *runtimeapi.AuthConfig) {
 			// What the kubelet sends for `image: busybox`: no alias, no
 			// search registry.
@@ -150,16 +158,20 @@ func mask(s string) string {
 func TestErrorFixtures(t *testing.T) {
 	startObjectStore(t)
 	forEachRuntime(t, func(t *testing.T, n *node) {
-		cri, err := n.node.CRI()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cri.Close()
 		for _, ec := range errCases() {
 			if !ec.runsOn(n.rt) {
 				continue
 			}
 			t.Run(ec.kind, func(t *testing.T) {
+				n := n
+				if ec.fill {
+					n = smallNode(t, "fixture", n.rt)
+				}
+				cri, err := n.node.CRI()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cri.Close()
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
 				ref, auth := ec.prepare(ctx, t, n)
@@ -168,7 +180,7 @@ func TestErrorFixtures(t *testing.T) {
 					timeout = 90 * time.Second
 				}
 				pctx, pcancel := context.WithTimeout(ctx, timeout)
-				_, err := cri.Images.PullImage(pctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}, Auth: auth})
+				_, err = cri.Images.PullImage(pctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}, Auth: auth})
 				pcancel()
 				got := errorfixtures.Fixture{
 					Runtime: string(n.rt), Version: runtimeVersion(n.rt), Kind: ec.kind, Reference: ref,

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -315,6 +316,18 @@ type agentResult struct {
 // instance (a fresh label key per case), and reads back what it wrote.
 func runAgent(ctx context.Context, t *testing.T, n *node, instance string, list []string, flags []string) agentResult {
 	t.Helper()
+	return runAgentWith(ctx, t, c.Command, n, instance, list, flags)
+}
+
+// runAgentIn is runAgent with the agent inside the node's mount
+// namespace, where the node's small image store is mounted (disk_test.go).
+func runAgentIn(ctx context.Context, t *testing.T, n *node, instance string, list []string, flags []string) agentResult {
+	t.Helper()
+	return runAgentWith(ctx, t, n.node.Command, n, instance, list, flags)
+}
+
+func runAgentWith(ctx context.Context, t *testing.T, command func(context.Context, string, ...string) *exec.Cmd, n *node, instance string, list []string, flags []string) agentResult {
+	t.Helper()
 	instance = slug(instance)
 	dir := t.TempDir()
 	listFile := filepath.Join(dir, "images.txt")
@@ -333,7 +346,7 @@ func runAgent(ctx context.Context, t *testing.T, n *node, instance string, list 
 		"--log-format=json",
 	}, flags...)
 	var out bytes.Buffer
-	cmd := c.Command(ctx, agentBin(), args...)
+	cmd := command(ctx, agentBin(), args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
 	err := cmd.Run()

@@ -33,13 +33,14 @@ const (
 	Schema1                      = "schema-1"
 	VerifierRejected             = "verifier-rejected"
 	ShortNameUnresolved          = "short-name-unresolved"
+	DiskFull                     = "disk-full"
 )
 
 // Kinds lists every kind in the order of the docs table.
 var Kinds = []string{
 	NotFoundTag, NotFoundRepo, UnauthorizedAnonymous, UnauthorizedWrongCredentials, Forbidden,
 	PlatformMismatch, Schema1, VerifierRejected, ShortNameUnresolved, InvalidReference,
-	RateLimited, Unavailable, RegistryDown, StalledBlob, BlobRedirectForbidden,
+	RateLimited, Unavailable, RegistryDown, StalledBlob, BlobRedirectForbidden, DiskFull,
 }
 
 // Fixture is one error a runtime returned from PullImage.
