@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,7 +25,6 @@ const (
 	// namespace: what the kubelet's image GC, crictl rmi and ctr images
 	// rm cause.
 	imageDeleteFilter = `topic=="/images/delete",namespace=="` + ingest.Namespace + `"`
-	imageDeleteType   = "containerd.events.ImageDelete"
 )
 
 // WatchImageDeletes follows containerd's event stream on the CRI socket
@@ -38,7 +36,7 @@ const (
 // The messages are encoded by hand, as agent/ingest's, so that the agent
 // needs none of containerd's modules: SubscribeRequest{repeated string
 // filters = 1}, Envelope{namespace = 2, topic = 3, Any event = 4},
-// Any{type_url = 1, value = 2}, ImageDelete{name = 1}.
+// Any{type_url = 1, value = 2}, and the deletion's name = 1.
 func (c *Client) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(name string)) error {
 	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "containerd-namespace", ingest.Namespace))
 	defer cancel()
@@ -79,20 +77,14 @@ func (c *Client) eventsErr(err error) error {
 	return c.after(fmt.Errorf("containerd events on %s: %w", c.Socket, err))
 }
 
-// decodeImageDelete returns the image name of an ImageDelete envelope, and
-// "" for any other event.
+// decodeImageDelete returns the image name of an image deletion's
+// envelope. The filter selects the topic, so the event's type is not
+// checked (containerd 1.6.20 and 2.4.2 both send
+// containerd.services.images.v1.ImageDelete, the name as its field 1).
 func decodeImageDelete(b []byte) (string, error) {
 	event, err := field(b, 4)
 	if err != nil || event == nil {
 		return "", err
-	}
-	typeURL, err := field(event, 1)
-	if err != nil {
-		return "", err
-	}
-	// The type URL is the bare type name; tolerate a URL prefix.
-	if t := string(typeURL); t != imageDeleteType && !strings.HasSuffix(t, "/"+imageDeleteType) {
-		return "", nil
 	}
 	value, err := field(event, 2)
 	if err != nil {

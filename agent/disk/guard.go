@@ -8,10 +8,13 @@ import (
 )
 
 // DefaultWatchInterval is how often Watch looks at the filesystem while
-// pulls are in flight. A look is one statfs(2), no runtime call; the
-// runtime writes at disk speed, so a look every 50 ms keeps the overshoot
-// past the ceiling to what it writes in about that time.
-const DefaultWatchInterval = 50 * time.Millisecond
+// pulls are in flight. A look is one statfs(2), no runtime call.
+const DefaultWatchInterval = 25 * time.Millisecond
+
+// burstLooks is how many looks back Watch measures the bursts it keeps
+// room for: 250 ms at the default interval, long enough to hold the layers
+// of several pulls landing together.
+const burstLooks = 10
 
 // Guard keeps one agent's pulls below the ceiling.
 type Guard struct {
@@ -73,10 +76,13 @@ func (g *Guard) Full(ctx context.Context, cause error) *FullError {
 }
 
 // Watch looks at the filesystem every Interval until ctx ends, and calls
-// full once, when it is at the ceiling or, at the rate of the last two
-// looks, would be there by the next look but one: stopping then leaves
-// the time a stop takes before the bytes in flight land. It returns at
-// once when the usage cannot be read.
+// full once, when it is at the ceiling or would be there soon: when the
+// usage plus a headroom reaches it. The headroom is the larger of twice
+// the last look's growth (a download streaming on: the time a stop takes
+// to land) and the largest growth over burstLooks looks so far (layers
+// that a stop does not cut short: CRI-O unpacks a layer to the end once it
+// started, and several pulls unpack at once). It returns at once when the
+// usage cannot be read.
 func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 	u, err := g.Usage(ctx)
 	if err != nil {
@@ -93,7 +99,9 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	mp, prev := u.Mountpoint, u.UsedBytes()
+	mp := u.Mountpoint
+	recent := []uint64{u.UsedBytes()}
+	var burst uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -114,10 +122,22 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 			full(&FullError{Usage: u, Ceiling: g.Ceiling})
 			return
 		}
-		if used > prev && used+2*(used-prev) >= limit {
+		grew := growth(recent[len(recent)-1], used)
+		if len(recent) > burstLooks {
+			recent = recent[1:]
+		}
+		burst = max(burst, growth(recent[0], used))
+		if used+max(2*grew, burst) >= limit {
 			full(&FullError{Usage: u, Ceiling: g.Ceiling, Projected: true})
 			return
 		}
-		prev = used
+		recent = append(recent, used)
 	}
+}
+
+func growth(from, to uint64) uint64 {
+	if to > from {
+		return to - from
+	}
+	return 0
 }

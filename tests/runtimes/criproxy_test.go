@@ -1,6 +1,7 @@
 package runtimes_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"maps"
@@ -43,33 +44,35 @@ func startCRIProxy(t *testing.T, backendSocket string) *criProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodec(ingest.RawCodec{}), grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}), grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 		method, _ := grpc.MethodFromServerStream(ss)
 		p.mu.Lock()
 		p.calls[method]++
 		p.mu.Unlock()
-		ctx := ss.Context()
-		if md, ok := metadata.FromIncomingContext(ctx); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		context.AfterFunc(ss.Context(), cancel)
+		if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
 			if ns := md.Get("containerd-namespace"); len(ns) > 0 {
 				ctx = metadata.AppendToOutgoingContext(ctx, "containerd-namespace", ns[0])
 			}
 		}
-		cs, err := backend.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, grpc.ForceCodec(ingest.RawCodec{}))
+		// No CRI or containerd call the agent makes streams requests: one
+		// request, then one answer or a stream of them.
+		var req []byte
+		if err := ss.RecvMsg(&req); err != nil {
+			return err
+		}
+		cs, err := backend.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, method, grpc.ForceCodec(rawCodec{}))
 		if err != nil {
 			return err
 		}
-		go func() {
-			for {
-				var msg []byte
-				if err := ss.RecvMsg(&msg); err != nil {
-					_ = cs.CloseSend()
-					return
-				}
-				if err := cs.SendMsg(msg); err != nil {
-					return
-				}
-			}
-		}()
+		if err := cs.SendMsg(req); err != nil {
+			return err
+		}
+		if err := cs.CloseSend(); err != nil {
+			return err
+		}
 		for {
 			var msg []byte
 			if err := cs.RecvMsg(&msg); err != nil {
@@ -90,6 +93,13 @@ func startCRIProxy(t *testing.T, backendSocket string) *criProxy {
 	})
 	return p
 }
+
+// rawCodec passes messages through as they are, as application/grpc, the
+// content type of generated clients: CRI-O 1.34 resets the connection of a
+// request sent as application/grpc+proto (ingest.RawCodec's name).
+type rawCodec struct{ ingest.RawCodec }
+
+func (rawCodec) Name() string { return "" }
 
 // Calls returns the calls so far, by method.
 func (p *criProxy) Calls() map[string]int {

@@ -1,0 +1,90 @@
+package disk
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/cri"
+)
+
+// countingRuntime counts ImageFsInfo calls.
+type countingRuntime struct {
+	calls atomic.Int32
+	mp    string
+}
+
+func (c *countingRuntime) ImageFsInfo(context.Context) ([]cri.Filesystem, error) {
+	c.calls.Add(1)
+	return []cri.Filesystem{{Mountpoint: c.mp, UsedBytes: 1}}, nil
+}
+
+// The runtime is asked where its images are once; the checks before each
+// pull and the looks while pulling are statfs only.
+func TestGuardAsksTheRuntimeOnce(t *testing.T) {
+	rt := &countingRuntime{mp: "/images"}
+	g := &Guard{Reader: Reader{Runtime: rt, Statfs: statfsOf(100*mib, 50*mib, nil)}, Ceiling: Ceiling{Percent: 80}}
+	for range 5 {
+		if err := g.Check(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := rt.calls.Load(); n != 1 {
+		t.Errorf("%d ImageFsInfo calls, want 1", n)
+	}
+}
+
+// Unreadable capacity lets pulls go on, and says so once.
+func TestGuardCapacityUnknown(t *testing.T) {
+	var logs bytes.Buffer
+	rt := &countingRuntime{mp: "/var/lib/rancher/k3s/agent/containerd/io.containerd.snapshotter.v1.overlayfs"}
+	g := &Guard{Reader: Reader{Runtime: rt, Statfs: statfsOf(0, 0, fs.ErrNotExist)}, Ceiling: Ceiling{Percent: 80},
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	for range 3 {
+		if err := g.Check(context.Background()); err != nil {
+			t.Fatalf("Check = %v, want nil: the runtime's own error still stops pulls", err)
+		}
+	}
+	if n := strings.Count(logs.String(), "cannot read the image filesystem"); n != 1 {
+		t.Errorf("warned %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), rt.mp) {
+		t.Errorf("the warning does not name the path to mount:\n%s", logs.String())
+	}
+	var full *FullError
+	if err := g.Full(context.Background(), errors.New("no space left on device")); !errors.As(error(err), &full) || !strings.Contains(err.Error(), "capacity unknown") {
+		t.Errorf("Full = %v", err)
+	}
+}
+
+// Watch stops with room for the largest burst it saw: a layer that CRI-O
+// unpacks lands whole, whatever a stop says.
+func TestWatchKeepsRoomForTheLargestBurst(t *testing.T) {
+	// Used MiB at each look: a 15 MiB burst, a pause longer than the
+	// burst window, then a slow stream.
+	looks := []uint64{10, 25}
+	for range burstLooks + 2 {
+		looks = append(looks, 25)
+	}
+	for u := uint64(26); u < 100; u++ {
+		looks = append(looks, u)
+	}
+	i := 0
+	statfs := func(string) (uint64, uint64, error) {
+		u := looks[min(i, len(looks)-1)]
+		i++
+		return 100 * mib, (100 - u) * mib, nil
+	}
+	g := &Guard{Reader: Reader{Runtime: &countingRuntime{mp: "/images"}, Statfs: statfs}, Ceiling: Ceiling{Percent: 80}, Interval: time.Millisecond}
+	var got *FullError
+	g.Watch(context.Background(), func(e *FullError) { got = e })
+	if got == nil || !got.Projected || got.Usage.UsedBytes() != 65*mib {
+		t.Fatalf("stopped with %+v, want a projected stop at 65 MiB used (15 MiB of room for the burst)", got)
+	}
+}
