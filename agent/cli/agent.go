@@ -3,8 +3,6 @@ package cli
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,7 +67,8 @@ type agentFlags struct {
 	metricsEndpoint string
 }
 
-func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
+func (f *agentFlags) register(cmd *cobra.Command, deps *Deps) {
+	getenv := deps.Getenv
 	fs := cmd.Flags()
 	fs.StringVar(&f.criSocket, "cri-socket", cri.DefaultSocket, "path of the CRI socket of the container runtime")
 	fs.StringVar(&f.imageListFile, "image-list-file", "", "file with one image reference per line")
@@ -85,7 +84,7 @@ func (f *agentFlags) register(cmd *cobra.Command, getenv func(string) string) {
 	fs.StringVar(&f.pullPolicy, "pull-policy", string(v1alpha1.PullKubelet), "Kubelet (Always for :latest or untagged, IfNotPresent otherwise), IfNotPresent or Always")
 	fs.StringVar(&f.nodeName, "node-name", getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fs.StringVar(&f.instance, "instance", getenv("INSTANCE_NAME"), "ImagePrefetcher instance name, the label key suffix (default $INSTANCE_NAME)")
-	fs.StringVar(&f.namespace, "namespace", getenv("POD_NAMESPACE"), "namespace of the ImagePrefetcher instance, recorded as the owner of the node key (default $POD_NAMESPACE)")
+	fs.StringVar(&f.namespace, "namespace", deps.podNamespace(), "namespace of the ImagePrefetcher instance, recorded as the owner of the node key (default $POD_NAMESPACE, else the pod's service-account namespace file)")
 	fs.StringVar(&f.labelDomain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
 	fs.BoolVar(&f.labelNode, "label-node", true, "write the node label and annotation")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster config when empty")
@@ -134,6 +133,9 @@ func (f *agentFlags) validate() error {
 	if f.statusTimeout <= 0 {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--image-list-timeout must be positive")}
 	}
+	if v1alpha1.ReservedTaint(f.startupTaint.key) {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--startup-taint %q: Kubernetes sets and removes taints with this key itself (node conditions, cloud provider, control plane); use a key of your own", f.startupTaint.key)}
+	}
 	if err := f.pin.validate(); err != nil {
 		return err
 	}
@@ -155,7 +157,7 @@ func (f *agentFlags) labelingMissing() string {
 	// The namespace names the owner of the node key: without it the agent
 	// could not tell its key from another instance's of the same name.
 	if f.namespace == "" {
-		missing = append(missing, "--namespace (or POD_NAMESPACE)")
+		missing = append(missing, "--namespace (or POD_NAMESPACE, or the service-account namespace file)")
 	}
 	if len(missing) > 1 {
 		return strings.Join(missing[:len(missing)-1], ", ") + " and " + missing[len(missing)-1]
@@ -169,6 +171,8 @@ type agent struct {
 	deps    *Deps
 	log     *slog.Logger
 	entries []imagelist.Entry
+	// digest names the list (imagelist.List.Digest).
+	digest  string
 	cri     *cri.Client
 	puller  *pull.Puller
 	labeler *label.Labeler
@@ -202,6 +206,12 @@ type agent struct {
 	// written is the summary this process last wrote on the node: a
 	// different one found there later means another writer.
 	written *label.Summary
+	// registers: this command registers as a holder of the startup taint
+	// at start (fetch).
+	registers bool
+	// pending: this run wrote the key before its pull ended (registering,
+	// or announcing the images it pulls).
+	pending bool
 }
 
 // newAgent returns an agent that init will set up.
@@ -249,7 +259,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	if len(list.Entries) == 0 {
 		log.Warn("the image list is empty")
 	}
-	a.entries = list.Entries
+	a.entries, a.digest = list.Entries, list.Digest()
 
 	// An unusable pull secret or plugin config is logged and skipped rather
 	// than fatal: the images that needed it then fail as Unauthorized, and
@@ -270,7 +280,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 
 	var client kube.Interface
-	pod, ns := deps.Getenv("POD_NAME"), deps.Getenv("POD_NAMESPACE")
+	pod, ns := deps.Getenv("POD_NAME"), deps.podNamespace()
 	if f.labelNode || f.maxConcurrentNodes > 0 || (pod != "" && ns != "") {
 		k, err := deps.Kube(f.kubeconfig)
 		if err != nil {
@@ -279,14 +289,18 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		client = k
 	}
 	a.kube, a.pod, a.namespace = client, pod, ns
+	a.events = &events.Recorder{Client: client, Pod: pod, PodUID: deps.Getenv("POD_UID"), Namespace: ns, Component: events.Component, Host: f.nodeName, Log: log}
+	if err := a.checkNamespace(ctx, deps.Getenv(v1alpha1.EnvInstanceNamespace)); err != nil {
+		return err
+	}
 	if f.labelNode {
 		owner := label.NewOwner(f.namespace, f.instance)
-		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep, StartupTaint: f.startupTaint.key}
+		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep,
+			Pod: deps.Getenv("POD_UID"), List: a.digest}
 	}
-	a.events = &events.Recorder{Client: client, Pod: pod, PodUID: deps.Getenv("POD_UID"), Namespace: ns, Component: events.Component, Host: f.nodeName, Log: log}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
-		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: listDigest(a.entries),
+		MaxConcurrentNodes: f.maxConcurrentNodes, SeedNodes: f.seedNodes, SeedKey: a.digest,
 		ReleaseGrace: cmp.Or(a.releaseGrace, releaseGrace), Log: log})
 	if err != nil {
 		return fmt.Errorf("herd control: %w", err)
@@ -304,6 +318,9 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	if err := a.initTaint(client); err != nil {
 		return err
+	}
+	if a.registers {
+		a.registerTaint(ctx)
 	}
 
 	c, err := cri.Dial(f.criSocket)
@@ -370,20 +387,6 @@ func loadList(text string, args []string) imagelist.List {
 		b.Add(0, ref)
 	}
 	return b.List()
-}
-
-// listDigest names an image list by content, so that herd control seeds a
-// changed list again.
-func listDigest(entries []imagelist.Entry) string {
-	h := sha256.New()
-	for _, e := range entries {
-		ref := e.Normalized
-		if ref == "" {
-			ref = e.Ref
-		}
-		h.Write([]byte(ref + "\n"))
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // runtimeVersion asks the runtime who it is, waiting a little for a

@@ -83,7 +83,7 @@ func TestFetchReferenceManifest(t *testing.T) {
 			if n := strings.Count(logs, "not labeling the node"); tt.wantSkip && n != 1 || !tt.wantSkip && n != 0 {
 				t.Errorf("%d warnings about skipped labeling, want %v:\n%s", n, tt.wantSkip, logs)
 			}
-			if tt.wantSkip && !strings.Contains(logs, "--node-name (or NODE_NAME), --instance (or INSTANCE_NAME) and --namespace (or POD_NAMESPACE) unset") {
+			if tt.wantSkip && !strings.Contains(logs, "--node-name (or NODE_NAME), --instance (or INSTANCE_NAME) and --namespace (or POD_NAMESPACE, or the service-account namespace file) unset") {
 				t.Errorf("the warning does not say what is missing:\n%s", logs)
 			}
 			for _, want := range tt.wantLogs {

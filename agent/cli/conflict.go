@@ -14,6 +14,10 @@ import (
 // the same name and left it alone.
 const ExitOwnerConflict = 4
 
+// ExitInstanceMoved: the pod runs in another namespace than the one the
+// instance was rendered for.
+const ExitInstanceMoved = 5
+
 // ownerConflict reports a node key that belongs to another instance, loudly
 // (an error line naming both owners, a Warning Event on the pod, the
 // conflict metric), and tells whether err was such a conflict.

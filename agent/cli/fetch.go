@@ -30,13 +30,19 @@ func (a *agent) announcePulls(ctx context.Context, results []pull.Result) {
 	a.log.Info("images to pull; the label says so until they are there", "summary", s.Text())
 	if err := a.labeler.Apply(ctx, s); err != nil {
 		a.log.Warn("could not mark the label while pulling; it is rewritten when the pull ends", "err", err)
+		return
 	}
+	a.pending = true
 }
 
 // fetchReleaseGrace is how long fetch, once terminated, waits for its slot
 // to be given back: a seed writes slot 0 first, then clears its own. The
 // pod's termination grace period (30 s by default) leaves room.
 const fetchReleaseGrace = 5 * time.Second
+
+// fetchSettleBudget bounds settling the key when fetch is terminated
+// mid-pull, as watch's --remove-label-timeout does.
+const fetchSettleBudget = 4 * time.Second
 
 func newFetch(deps *Deps) *cobra.Command {
 	f := &agentFlags{}
@@ -54,6 +60,7 @@ func newFetch(deps *Deps) *cobra.Command {
 			start := time.Now()
 			f.parsed(cmd)
 			a := newAgent(f, deps)
+			a.registers = true
 			a.releaseGrace = fetchReleaseGrace
 			a.serveCtx = cmd.Context()
 			a.onWaiting = func(results []pull.Result) { a.announcePulls(ctx, results) }
@@ -68,8 +75,13 @@ func newFetch(deps *Deps) *cobra.Command {
 			results := a.puller.Run(ctx, a.entries, "")
 			if ctx.Err() != nil {
 				// A label from a run cut short would report images as failed
-				// that were only interrupted.
+				// that were only interrupted. A key this run already wrote
+				// (a registration, the images being pulled) must not
+				// outlive the instance: it is settled as watch settles it.
 				a.log.Warn("terminated before the pull finished; not labeling the node")
+				if a.pending {
+					_ = a.settleKey(ctx, time.Now().Add(fetchSettleBudget))
+				}
 				return &ExitCodeError{Code: ExitError, Err: errSilent}
 			}
 			s := pull.Summarize(results, time.Since(start))
@@ -84,8 +96,17 @@ func newFetch(deps *Deps) *cobra.Command {
 			} else {
 				a.log.Warn("prefetch incomplete", "summary", s.Text())
 			}
+			// The startup taint is this run's: it goes when every image is
+			// present, once the label says so, or without the label when
+			// the key cannot be written.
+			settleTaint := func() {
+				stopTaint()
+				a.taintDone(results)
+				a.settleTaint(ctx)
+			}
 			if a.labeler != nil {
 				if err := a.labeler.Apply(ctx, s); err != nil {
+					settleTaint()
 					if a.ownerConflict(ctx, err) {
 						// The init container fails, so that the pod shows the
 						// conflict rather than run beside a label that lies.
@@ -97,8 +118,7 @@ func newFetch(deps *Deps) *cobra.Command {
 				a.log.Info("node labeled", "key", a.labeler.Key, "value", s.Value())
 				a.keyWritten()
 			}
-			stopTaint()
-			a.settleTaint(ctx)
+			settleTaint()
 			a.events.Record(ctx, ok, s.Text())
 			if !ok && failOnError {
 				return &ExitCodeError{Code: ExitImagesFailed, Err: fmt.Errorf("%d of %d images failed", s.FailureCount(), s.Total)}
@@ -106,7 +126,7 @@ func newFetch(deps *Deps) *cobra.Command {
 			return nil
 		},
 	}
-	f.register(cmd, deps.Getenv)
+	f.register(cmd, deps)
 	cmd.Flags().BoolVar(&failOnError, "fail-on-error", false, "exit non-zero when any image failed (the label is written first)")
 	return cmd
 }

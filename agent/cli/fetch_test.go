@@ -388,12 +388,12 @@ func TestFetchUsageErrors(t *testing.T) {
 		// Labeling asked for explicitly cannot be done without knowing
 		// where; left at its default, it is skipped instead (see
 		// TestFetchReferenceManifest).
-		{"labeling asked for without node and instance", []string{"fetch", sock, "--label-node=true"}, "--label-node needs --node-name (or NODE_NAME), --instance (or INSTANCE_NAME) and --namespace (or POD_NAMESPACE)"},
+		{"labeling asked for without node and instance", []string{"fetch", sock, "--label-node=true"}, "--label-node needs --node-name (or NODE_NAME), --instance (or INSTANCE_NAME) and --namespace (or POD_NAMESPACE, or the service-account namespace file)"},
 		{"labeling asked for as a bare flag", []string{"fetch", sock, "--label-node"}, "--label-node needs"},
 		{"labeling asked for without instance", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode, "--namespace=" + testNamespace}, "--label-node needs --instance (or INSTANCE_NAME)\n"},
 		{"labeling asked for without node", []string{"fetch", sock, "--label-node=true", "--instance=" + testInstance, "--namespace=" + testNamespace}, "--label-node needs --node-name (or NODE_NAME)\n"},
 		// The namespace names the owner of the key (see agent/label's Owner).
-		{"labeling asked for without namespace", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode, "--instance=" + testInstance}, "--label-node needs --namespace (or POD_NAMESPACE)\n"},
+		{"labeling asked for without namespace", []string{"fetch", sock, "--label-node=true", "--node-name=" + testNode, "--instance=" + testInstance}, "--label-node needs --namespace (or POD_NAMESPACE, or the service-account namespace file)\n"},
 		{"non-positive image list timeout", []string{"fetch", sock, "--label-node=false", "--image-list-timeout=0s"}, "--image-list-timeout must be positive"},
 		// Without a bin dir, a plugin name alone would be run from $PATH.
 		{"credential provider config without bin dir", []string{"fetch", sock, "--label-node=false", "--image-credential-provider-config=" + writeList(t, "kind: CredentialProviderConfig\n")},
@@ -623,7 +623,7 @@ func TestFetchHerdControl(t *testing.T) {
 			seeded := l.Annotations[slots.SeededAnnotation]
 			wantSeed := ""
 			if tt.wantSeed {
-				wantSeed = listDigest(loadList("", images).Entries)
+				wantSeed = loadList("", images).Digest()
 			}
 			if seeded != wantSeed {
 				t.Errorf("seeded annotation %q, want %q", seeded, wantSeed)

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -73,18 +71,14 @@ const herdTimeout = 5 * time.Second
 // HerdSize is how many pods the agent's DaemonSet wants (its status's
 // desiredNumberScheduled): the most nodes that may wait for a pull slot at
 // once, from which a waiter sizes the part of the slots it watches
-// (agent/slots). 0 when it cannot be told: outside a DaemonSet's pod, or
-// the read fails; the waiters then find the size themselves.
+// (agent/slots). The DaemonSet is the pod's controller (coverage.Own). 0
+// when it cannot be told: outside a DaemonSet's pod, or the read fails;
+// the waiters then find the size themselves.
 func HerdSize(ctx context.Context, k kube.Interface, namespace, pod string, log *slog.Logger) int {
-	getter, ok := k.(kube.DaemonSetGetter)
-	name, named := coverage.DaemonSetName(pod)
-	if !ok || !named || namespace == "" {
-		return 0
-	}
 	ctx, cancel := context.WithTimeout(ctx, herdTimeout)
 	defer cancel()
-	ds, err := getter.DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	name, ds, err := coverage.Own(ctx, k, namespace, pod)
+	if err != nil || ds == nil {
 		if log != nil {
 			log.Info("cannot read the DaemonSet's size; waiting for a pull slot without it", "daemonSet", name, "err", err)
 		}

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +55,8 @@ type env struct {
 	mu     sync.Mutex
 	ready  chan struct{}
 	getenv map[string]string
+	// namespaceFile is the service-account namespace file ("" for none).
+	namespaceFile string
 }
 
 // newEnv starts a fake CRI and a fake API server holding one node that
@@ -85,11 +89,12 @@ func (e *env) deps() Deps {
 			e.mu.Unlock()
 			return ctx.Err()
 		},
-		LabelSleep: func(time.Duration) {},
-		Ready:      func() { close(e.ready) },
-		Getenv:     func(k string) string { return e.getenv[k] },
-		Stdout:     e.stdout,
-		Stderr:     e.logs,
+		LabelSleep:    func(time.Duration) {},
+		Ready:         func() { close(e.ready) },
+		Getenv:        func(k string) string { return e.getenv[k] },
+		NamespaceFile: cmp.Or(e.namespaceFile, filepath.Join(e.t.TempDir(), "no-such-file")),
+		Stdout:        e.stdout,
+		Stderr:        e.logs,
 	}
 }
 

@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -18,12 +20,15 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 )
 
-// The herd is the DaemonSet's desired pod count, read through the pod's
-// name; whatever cannot be told is 0, which the slots treat as unknown.
+// The herd is the DaemonSet's desired pod count, found through the pod's
+// owner reference; whatever cannot be told is 0, which the slots treat as
+// unknown.
 func TestHerdSize(t *testing.T) {
 	const ns, pod = "prefetch", "image-prefetcher-demo-x7k2p"
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-demo", Namespace: ns}}
 	ds.Status.DesiredNumberScheduled = 1000
+	longDS := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-" + strings.Repeat("a", 63), Namespace: ns}}
+	longDS.Status.DesiredNumberScheduled = 7
 	tests := []struct {
 		name string
 		kube kube.Interface
@@ -31,11 +36,14 @@ func TestHerdSize(t *testing.T) {
 		pod  string
 		want int
 	}{
-		{"the DaemonSet's desired pods", clientset.Wrap(fake.NewSimpleClientset(ds)), ns, pod, 1000},
-		{"no such DaemonSet", clientset.Wrap(fake.NewSimpleClientset()), ns, pod, 0},
-		{"a pod name that names no DaemonSet", clientset.Wrap(fake.NewSimpleClientset(ds)), ns, "standalone", 0},
-		{"no namespace", clientset.Wrap(fake.NewSimpleClientset(ds)), "", pod, 0},
+		{"the DaemonSet's desired pods", clientset.Wrap(fake.NewSimpleClientset(ds, ownedPod(ns, pod, ds))), ns, pod, 1000},
+		{"no such DaemonSet", clientset.Wrap(fake.NewSimpleClientset(ownedPod(ns, pod, ds))), ns, pod, 0},
+		{"a pod no DaemonSet controls", clientset.Wrap(fake.NewSimpleClientset(ds, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns}})), ns, pod, 0},
+		{"no namespace", clientset.Wrap(fake.NewSimpleClientset(ds, ownedPod(ns, pod, ds))), "", pod, 0},
 		{"a client without DaemonSets", nodesOnly{}, ns, pod, 0},
+		// The apiserver cuts a generateName of more than 58 characters:
+		// the DaemonSet is found through the pod's owner reference.
+		{"a 63-character instance name", clientset.Wrap(fake.NewSimpleClientset(longDS, ownedPod(ns, longDS.Name[:58]+"x7k2p", longDS))), ns, longDS.Name[:58] + "x7k2p", 7},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,4 +187,12 @@ func TestFetchReleaseGraceWithMetrics(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ownedPod is a pod the DaemonSet controller made for ds.
+func ownedPod(ns, name string, ds *appsv1.DaemonSet) *corev1.Pod {
+	yes := true
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, OwnerReferences: []metav1.OwnerReference{{
+		APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: &yes,
+	}}}}
 }

@@ -54,6 +54,9 @@ type Deps struct {
 	Ready func()
 	// Getenv reads the environment.
 	Getenv func(string) string
+	// NamespaceFile holds the pod's namespace in its service-account
+	// directory.
+	NamespaceFile string
 	// Stdout receives command output (status, version).
 	Stdout io.Writer
 	// Stderr receives logs.
@@ -72,6 +75,9 @@ func (d *Deps) defaults() {
 	}
 	if d.Getenv == nil {
 		d.Getenv = os.Getenv
+	}
+	if d.NamespaceFile == "" {
+		d.NamespaceFile = serviceAccountNamespace
 	}
 	if d.Stdout == nil {
 		d.Stdout = os.Stdout

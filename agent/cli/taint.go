@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
-	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/agent/taint"
 )
 
@@ -44,17 +45,71 @@ func (a *agent) initTaint(client kube.Interface) error {
 	if err != nil {
 		a.log.Warn("startup taint: the pod's start time is unknown; counting maxWait from now", "err", err)
 	}
+	l := a.labeler
 	r := &taint.Remover{
 		Nodes: client.Nodes(), Node: a.flags.nodeName, Key: f.key,
-		LabelKey: label.Key(a.flags.labelDomain, a.flags.instance),
-		MaxWait:  f.maxWait, Started: started, Events: a.events, Log: a.log,
+		Domain: a.flags.labelDomain, LabelKey: l.Key, Owner: *l.Owner, Pod: l.Pod, List: l.List,
+		MaxWait: f.maxWait, Started: started, Events: a.events, Log: a.log,
 	}
 	if a.metrics != nil {
 		r.Metrics = a.metrics
 	}
 	a.taint = r
+	// Every summary written names the taint and this pod's deadline: the
+	// other holders of the key wait for it until then.
+	l.StartupTaint, l.StartupTaintDeadline = f.key, r.Deadline()
 	a.log.Info("startup taint: removing it once every image is present", "taint", f.key, "maxWait", f.maxWait, "podStarted", started.UTC().Format(time.RFC3339), "deadline", r.Deadline())
 	return nil
+}
+
+// registerTaintTimeout bounds registering as a holder of the taint: a
+// registration that cannot be written leaves the other holders not
+// waiting for this one, which must not hold up the pull.
+const registerTaintTimeout = 15 * time.Second
+
+// registerTaint, on a node that carries the startup taint, writes this
+// instance's key at once, failed, every image not checked yet, naming the
+// taint and this pod's deadline: another instance that shares the taint
+// key then waits for this one before removing it (agent/taint). fetch
+// calls it first thing, before the runtime is reached, to keep the window
+// in which another instance sees no registration short.
+func (a *agent) registerTaint(ctx context.Context) {
+	if a.taint == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, registerTaintTimeout)
+	defer cancel()
+	node, err := a.kube.Nodes().Get(ctx, a.flags.nodeName, metav1.GetOptions{})
+	if err != nil {
+		a.log.Warn("startup taint: cannot read the node to register as a holder of the taint", "taint", a.taint.Key, "err", err)
+		return
+	}
+	if !taint.Has(node, a.taint.Key) {
+		return
+	}
+	results := make([]pull.Result, len(a.entries))
+	for i, e := range a.entries {
+		results[i] = pull.Result{Image: e.Ref, Normalized: e.Normalized}
+	}
+	if err := a.labeler.Apply(ctx, pendingSummary(results)); err != nil {
+		// An owner conflict is reported once the pull is over, as before.
+		a.log.Warn("startup taint: could not register as a holder of the taint; other instances sharing its key will not wait for this one", "taint", a.taint.Key, "err", err)
+		return
+	}
+	a.pending = true
+	a.log.Info("startup taint: registered as a holder of the taint", "taint", a.taint.Key, "deadline", a.taint.Deadline())
+}
+
+// taintDone tells the remover what this process's latest check found.
+func (a *agent) taintDone(results []pull.Result) {
+	if a.taint == nil {
+		return
+	}
+	all := true
+	for _, r := range results {
+		all = all && r.Present
+	}
+	a.taint.Done(all)
 }
 
 // watchTaint runs the remover in the background until the taint is gone

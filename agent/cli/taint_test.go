@@ -34,7 +34,12 @@ func (e *env) taintNode() {
 
 func (e *env) events(reason string) []corev1.Event {
 	e.t.Helper()
-	list, err := e.kube.CoreV1().Events("prefetch").List(context.Background(), metav1.ListOptions{})
+	return e.eventsIn("prefetch", reason)
+}
+
+func (e *env) eventsIn(ns, reason string) []corev1.Event {
+	e.t.Helper()
+	list, err := e.kube.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -12,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
-	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -33,25 +33,17 @@ func newWatch(deps *Deps) *cobra.Command {
 			a := newAgent(f, deps)
 			kp := newKeeper(a)
 			a.onWaiting, a.afterPull = kp.waiting, kp.end
-			// The label must be gone within removeBudget of the signal, however
-			// long the loop takes to notice it.
+			// The label must be settled within removeBudget of the signal,
+			// however long the loop takes to notice it.
 			exit := func() error {
 				if !removeOnExit {
 					return nil
 				}
-				deadline := stoppedAt().Add(removeBudget)
-				if keep, why := a.stillCovered(ctx, deadline); keep {
-					a.log.Info("keeping the node label: the instance still covers this node", "why", why)
-					return nil
-				}
-				// The pins go with the label, after it: the label is what
-				// the shutdown budget is for.
-				defer a.unpinAll(ctx, deadline)
-				return a.removeLabel(ctx, deadline)
+				return a.settleKey(ctx, stoppedAt().Add(removeBudget))
 			}
 			if err := a.init(ctx, args); err != nil {
 				var ce *ExitCodeError
-				if ctx.Err() == nil || errors.As(err, &ce) && ce.Code == ExitUsage {
+				if ctx.Err() == nil || errors.As(err, &ce) && (ce.Code == ExitUsage || ce.Code == ExitInstanceMoved) {
 					return err
 				}
 				// SIGTERM while starting up, typically while waiting for
@@ -81,7 +73,7 @@ func newWatch(deps *Deps) *cobra.Command {
 			return exit()
 		},
 	}
-	f.register(cmd, deps.Getenv)
+	f.register(cmd, deps)
 	cmd.Flags().DurationVar(&refresh, "refresh-interval", 10*time.Minute, "how often images and the label are checked (±10% jitter); 0 disables the checks")
 	cmd.Flags().BoolVar(&removeOnExit, "remove-label-on-exit", true, "remove this instance's node label and annotation on SIGTERM")
 	// 4s from the signal keeps the whole shutdown inside the 5s the issue
@@ -106,39 +98,81 @@ func doneAt(ctx context.Context) func() time.Time {
 }
 
 // coverageShare is the part of the shutdown budget that asking whether the
-// instance still covers the node may take; removal gets the rest.
+// instance still covers the node may take; writing the key gets the rest.
 const coverageShare = 3 * time.Second / 2
 
-// stillCovered reports whether the instance's DaemonSet still covers this
-// node, so that the label stays across a rollout: the images stay, and the
-// next pod's fetch rewrites the label. It is false when the DaemonSet is
-// gone or being deleted, when it no longer selects the node, and whenever
-// that cannot be told (outside a pod, no access, API down): the label is
-// then removed as before, so that it never outlives its instance.
-func (a *agent) stillCovered(ctx context.Context, deadline time.Time) (bool, string) {
-	if a.labeler == nil || a.pod == "" || a.namespace == "" {
-		return false, ""
-	}
-	getter, ok := a.kube.(kube.DaemonSetGetter)
-	if !ok {
-		return false, ""
+// ReasonListChanged is the reason, in the annotation, of a key marked
+// failed because the DaemonSet's current template carries another list.
+const ReasonListChanged = "ListChanged"
+
+// settleKey decides what becomes of the node key when the pod terminates,
+// by what its DaemonSet does next (coverage.Checker):
+//
+//   - the DaemonSet still runs a pod on this node with the same list (a
+//     rollout that changed something else, a pod restart): the key stays;
+//     the images stay, and the next pod's fetch rewrites it;
+//   - it runs one with another list: the key says failed, naming the
+//     change, so that a list change is never hidden behind the old list's
+//     succeeded, even when the next pod never starts (its image cannot be
+//     pulled, say);
+//   - it no longer covers the node (deleted, being deleted, not selecting
+//     the node, or the node's NoExecute taint evicts the pod), or that
+//     cannot be told (outside a pod, no access, API down): the key goes,
+//     so that it never outlives its instance.
+func (a *agent) settleKey(ctx context.Context, deadline time.Time) error {
+	if a.labeler == nil {
+		return nil
 	}
 	until := time.Now().Add(coverageShare)
 	if deadline.Before(until) {
 		until = deadline
 	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
-	defer cancel()
-	c := coverage.Checker{DaemonSets: getter.DaemonSets(a.namespace), Nodes: a.kube.Nodes(), Pod: a.pod, Node: a.flags.nodeName}
-	covered, why, err := c.Covers(cctx)
-	if err != nil {
+	c := coverage.Checker{Client: a.kube, Namespace: a.namespace, Pod: a.pod, Node: a.flags.nodeName, List: a.digest}
+	verdict, why, err := c.Check(cctx)
+	cancel()
+	switch {
+	case err != nil:
 		a.log.Warn("cannot tell whether the instance still covers this node; removing the label", "err", err)
-		return false, ""
-	}
-	if !covered {
+	case verdict == coverage.Kept:
+		a.log.Info("keeping the node label: the instance still covers this node with the same image list", "why", why)
+		return nil
+	case verdict == coverage.ListChanged:
+		return a.markListChanged(ctx, deadline, why)
+	default:
 		a.log.Info("the instance no longer covers this node; removing the label", "why", why)
 	}
-	return covered, why
+	// The pins go with the label, after it: the label is what the
+	// shutdown budget is for.
+	defer a.unpinAll(ctx, deadline)
+	return a.removeLabel(ctx, deadline)
+}
+
+// markListChanged makes the key say failed: the node holds this pod's list,
+// not the one the DaemonSet now carries. ctx is the command's context,
+// already done.
+func (a *agent) markListChanged(ctx context.Context, deadline time.Time, why string) error {
+	a.log.Warn("the DaemonSet's current pod template carries another image list: the node label says failed until the next pod has checked it", "why", why)
+	a.labelMu.Lock()
+	var s label.Summary
+	if a.written != nil {
+		s = *a.written
+	}
+	a.labelMu.Unlock()
+	failed := append(slices.Clone(s.Failed), label.Failure{Image: "image list", Reason: ReasonListChanged, Message: why + "; the next pod of the DaemonSet checks the new list"})
+	s = label.NewSummary(s.Total, s.Present, failed, 0, time.Now())
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	if err := a.labeler.Apply(rctx, s); err != nil {
+		if label.IsOwnerConflict(err) {
+			a.log.Info("not marking the node label: it belongs to another instance of the same name", "err", err)
+			return nil
+		}
+		a.log.Error("marking the node label failed", "err", err)
+		return &ExitCodeError{Code: ExitError, Err: errSilent}
+	}
+	a.log.Info("node label marked failed: image list changed", "key", a.labeler.Key)
+	return nil
 }
 
 // removeLabel removes this instance's label and annotation, giving up at
@@ -184,15 +218,17 @@ func (a *agent) check(ctx context.Context) {
 		}
 	}
 	a.removals.checked(ctx, results, start, a.syncPins(ctx, results))
+	a.taintDone(results)
 }
 
 // reconcileLocked rewrites the label and annotation when they drifted
 // from s. The caller holds labelMu: the check loop (removals.go), the
 // keeper and removals share it.
 func (a *agent) reconcileLocked(ctx context.Context, s label.Summary) {
-	// Compared with the owner: an unowned key with the right value is
-	// rewritten once, to adopt it.
-	s.Owner = a.labeler.Owner
+	// Compared as written, owner and writer included: an unowned key, or
+	// one another pod wrote, with the right value is rewritten once, to
+	// adopt it.
+	s = a.labeler.Stamped(s)
 	value, cur, ok, err := a.labeler.Current(ctx)
 	if ctx.Err() != nil {
 		return

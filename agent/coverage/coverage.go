@@ -1,85 +1,172 @@
-// Package coverage tells whether an instance still covers a node: whether
-// its DaemonSet exists, is not being deleted, and still selects the node.
-// watch keeps its node key across a rollout (the DaemonSet is replaced pod
-// by pod, and the images stay) and removes it only when the instance stops
-// covering the node.
+// Package coverage finds the agent's own DaemonSet and tells whether it
+// still covers the agent's node with the agent's list. watch keeps its
+// node key across a rollout that keeps the list (the DaemonSet is replaced
+// pod by pod, and the images stay), marks it failed when the new template
+// carries another list, and removes it when the instance stops covering
+// the node.
 package coverage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
-// generatedSuffix is the length of the random part the apiserver appends
-// to a DaemonSet pod's generateName ("<daemonset>-").
-const generatedSuffix = 5
-
-// maxGeneratedBase is the longest generateName the apiserver keeps whole;
-// a longer one is cut, and the DaemonSet's name can no longer be told.
-const maxGeneratedBase = 63 - generatedSuffix
-
-// DaemonSetName returns the name of the DaemonSet that created a pod, from
-// the pod's name: the DaemonSet controller names its pods by generateName
-// "<daemonset>-". ok is false when the name cannot be told.
-func DaemonSetName(pod string) (string, bool) {
-	i := strings.LastIndexByte(pod, '-')
-	if i <= 0 || len(pod)-i-1 != generatedSuffix || i+1 > maxGeneratedBase {
-		return "", false
-	}
-	return pod[:i], true
+// Client is what finding the own DaemonSet reads: the pod's metadata, then
+// the DaemonSet its controller reference names.
+type Client interface {
+	kube.PodGetter
+	kube.DaemonSetGetter
 }
 
-// Checker asks the API server whether this instance still covers a node.
-type Checker struct {
-	DaemonSets kube.DaemonSetClient
-	Nodes      kube.NodeClient
-	// Pod is the agent's own pod, created by the instance's DaemonSet.
-	Pod  string
-	Node string
-}
+// ErrNotOwned: the pod has no DaemonSet as its controller (it was started
+// by hand, or orphaned when its DaemonSet was deleted with
+// --cascade=orphan).
+var ErrNotOwned = errors.New("the pod is not controlled by a DaemonSet")
 
-// Covers reports whether the instance's DaemonSet still covers the node,
-// and why. An error means it could not be told.
-func (c Checker) Covers(ctx context.Context) (bool, string, error) {
-	name, ok := DaemonSetName(c.Pod)
-	if !ok {
-		return false, "", fmt.Errorf("cannot tell the DaemonSet from the pod name %q", c.Pod)
+// Own returns the name of the DaemonSet that controls pod in namespace ns,
+// from the pod's controller owner reference, and that DaemonSet; ds is nil
+// (and err too) when the DaemonSet is gone. The pod's name is never parsed:
+// the apiserver cuts a generateName of more than 58 characters, and a
+// namePrefix applied after the function renames the DaemonSet.
+func Own(ctx context.Context, k kube.Interface, ns, pod string) (name string, ds *kube.DaemonSet, err error) {
+	c, ok := k.(Client)
+	if !ok || ns == "" || pod == "" {
+		return "", nil, errors.New("the pod's name and namespace, or a client that reads pods and DaemonSets, are missing")
 	}
-	ds, err := c.DaemonSets.Get(ctx, name, metav1.GetOptions{})
+	meta, err := c.Pods(ns).GetMetadata(ctx, pod)
+	if err != nil {
+		return "", nil, fmt.Errorf("get own pod %s/%s: %w", ns, pod, err)
+	}
+	ref := metav1.GetControllerOfNoCopy(meta)
+	if ref == nil || ref.Kind != "DaemonSet" || ref.APIVersion != "apps/v1" {
+		return "", nil, fmt.Errorf("pod %s/%s: %w", ns, pod, ErrNotOwned)
+	}
+	ds, err = c.DaemonSets(ns).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return false, fmt.Sprintf("DaemonSet %s was deleted", name), nil
+		return ref.Name, nil, nil
 	}
 	if err != nil {
-		return false, "", fmt.Errorf("get DaemonSet %s: %w", name, err)
+		return ref.Name, nil, fmt.Errorf("get DaemonSet %s: %w", ref.Name, err)
+	}
+	if ds.UID != ref.UID {
+		// Deleted and created again under the same name: the pod belongs
+		// to the old one, which is gone.
+		return ref.Name, nil, nil
+	}
+	return ref.Name, ds, nil
+}
+
+// Verdict is what watch does with its key on SIGTERM.
+type Verdict int
+
+const (
+	// Gone: the instance no longer covers the node; remove the key.
+	Gone Verdict = iota
+	// Kept: the DaemonSet still covers the node with this pod's list (a
+	// rollout or a pod restart); keep the key.
+	Kept
+	// ListChanged: the DaemonSet still covers the node, but its current
+	// template carries another list, not checked on this node yet; the key
+	// must say failed until the next pod checked it.
+	ListChanged
+)
+
+// Checker asks the API server what becomes of the instance's key on a node.
+type Checker struct {
+	Client kube.Interface
+	// Namespace and Pod are the agent's own pod's.
+	Namespace, Pod string
+	Node           string
+	// List is the digest of the list this pod checked
+	// (imagelist.List.Digest).
+	List string
+}
+
+// Check tells what becomes of the key, and why. An error means it could
+// not be told.
+func (c Checker) Check(ctx context.Context) (Verdict, string, error) {
+	name, ds, err := Own(ctx, c.Client, c.Namespace, c.Pod)
+	if errors.Is(err, ErrNotOwned) {
+		return Gone, err.Error(), nil
+	}
+	if err != nil {
+		return Gone, "", err
+	}
+	if ds == nil {
+		return Gone, fmt.Sprintf("DaemonSet %s was deleted", name), nil
 	}
 	if ds.DeletionTimestamp != nil {
-		return false, fmt.Sprintf("DaemonSet %s is being deleted", name), nil
+		return Gone, fmt.Sprintf("DaemonSet %s is being deleted", name), nil
 	}
-	node, err := c.Nodes.Get(ctx, c.Node, metav1.GetOptions{})
+	node, err := c.Client.Nodes().Get(ctx, c.Node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return false, fmt.Sprintf("node %s is gone", c.Node), nil
+		return Gone, fmt.Sprintf("node %s is gone", c.Node), nil
 	}
 	if err != nil {
-		return false, "", fmt.Errorf("get node %s: %w", c.Node, err)
+		return Gone, "", fmt.Errorf("get node %s: %w", c.Node, err)
+	}
+	if ok, why := Covers(ds, node); !ok {
+		return Gone, fmt.Sprintf("DaemonSet %s no longer runs a pod on node %s: %s", name, c.Node, why), nil
+	}
+	switch got := ds.Spec.Template.Metadata.Annotations[v1alpha1.ListDigestAnnotation]; {
+	case got == "":
+		return ListChanged, fmt.Sprintf("DaemonSet %s's pod template names no image list (no %s annotation): its list cannot be compared with this pod's %s", name, v1alpha1.ListDigestAnnotation, c.List), nil
+	case got != c.List:
+		return ListChanged, fmt.Sprintf("DaemonSet %s's current pod template carries image list %s, this pod checked %s", name, got, c.List), nil
+	}
+	return Kept, fmt.Sprintf("DaemonSet %s still runs a pod on node %s with the same image list (a rollout or a pod restart)", name, c.Node), nil
+}
+
+// defaultTolerations are the NoExecute tolerations the DaemonSet
+// controller adds to every pod it creates
+// (k8s.io/kubernetes/pkg/controller/daemon/util.AddOrUpdateDaemonPodTolerations):
+// a DaemonSet pod stays on a node that is not ready or unreachable.
+var defaultTolerations = []corev1.Toleration{
+	{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
+	{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
+}
+
+// Covers reports whether the DaemonSet keeps a pod on node, by the
+// DaemonSet controller's rule for a pod that already runs there
+// (NodeShouldRunDaemonPod's shouldContinueRunning): the template's
+// nodeName, nodeSelector and required node affinity select the node, and
+// no NoExecute taint of the node goes untolerated. A NoSchedule taint does
+// not move a running pod; an untolerated NoExecute one gets it evicted,
+// and the controller does not create another. why says what fails.
+func Covers(ds *kube.DaemonSet, node *corev1.Node) (ok bool, why string) {
+	spec := ds.Spec.Template.Spec
+	if spec.NodeName != "" && spec.NodeName != node.Name {
+		return false, fmt.Sprintf("the pod template's nodeName is %s", spec.NodeName)
 	}
 	if !Selects(ds, node) {
-		return false, fmt.Sprintf("DaemonSet %s no longer selects node %s (nodeSelector or node affinity)", name, c.Node), nil
+		return false, "the nodeSelector or the required node affinity no longer selects it"
 	}
-	return true, fmt.Sprintf("DaemonSet %s still selects node %s (a rollout or a pod restart)", name, c.Node), nil
+	tolerations := append(slices.Clone(spec.Tolerations), defaultTolerations...)
+	for _, t := range node.Spec.Taints {
+		if t.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		if !slices.ContainsFunc(tolerations, func(tol corev1.Toleration) bool { return tol.ToleratesTaint(klog.Background(), &t, false) }) {
+			return false, fmt.Sprintf("the node's NoExecute taint %s=%s is not tolerated: the pod is evicted", t.Key, t.Value)
+		}
+	}
+	return true, ""
 }
 
 // Selects reports whether the DaemonSet's pod template may run on node, by
 // its nodeSelector and its required node affinity, as the DaemonSet
-// controller decides (taints are not considered).
+// controller decides.
 func Selects(ds *kube.DaemonSet, node *corev1.Node) bool {
 	spec := ds.Spec.Template.Spec
 	for k, v := range spec.NodeSelector {

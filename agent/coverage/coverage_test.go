@@ -7,33 +7,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube/clientset"
 )
-
-func TestDaemonSetName(t *testing.T) {
-	tests := []struct {
-		pod, want string
-		ok        bool
-	}{
-		{"image-prefetcher-demo-x7k2p", "image-prefetcher-demo", true},
-		{"a-b-c-zzzzz", "a-b-c", true},
-		{"nodash", "", false},
-		{"image-prefetcher-demo-abc", "", false}, // not a generated suffix
-		{"-abcde", "", false},
-		// generateName longer than 58 characters is cut by the apiserver.
-		{"a123456789012345678901234567890123456789012345678901234567-abcde", "", false},
-		{"a12345678901234567890123456789012345678901234567890123456-abcde", "a12345678901234567890123456789012345678901234567890123456", true},
-	}
-	for _, tt := range tests {
-		got, ok := DaemonSetName(tt.pod)
-		if got != tt.want || ok != tt.ok {
-			t.Errorf("%s: %q %v, want %q %v", tt.pod, got, ok, tt.want, tt.ok)
-		}
-	}
-}
 
 func affinity(terms ...corev1.NodeSelectorTerm) *corev1.Affinity {
 	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms}}}
@@ -82,51 +62,106 @@ func TestSelects(t *testing.T) {
 	}
 }
 
+// A running DaemonSet pod stays where the controller would keep it: its
+// template still selects the node, and every NoExecute taint is tolerated,
+// by the template or by the tolerations the controller adds to every
+// DaemonSet pod (not-ready, unreachable).
 func TestCovers(t *testing.T) {
+	node := func(taints ...corev1.Taint) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"pool": "gpu"}}, Spec: corev1.NodeSpec{Taints: taints}}
+	}
+	noExec := corev1.Taint{Key: "maintenance", Value: "x", Effect: corev1.TaintEffectNoExecute}
+	tests := []struct {
+		name        string
+		node        *corev1.Node
+		nodeName    string
+		tolerations []corev1.Toleration
+		want        bool
+	}{
+		{"no taints", node(), "", nil, true},
+		{"NoSchedule does not evict", node(corev1.Taint{Key: "maintenance", Effect: corev1.TaintEffectNoSchedule}), "", nil, true},
+		{"PreferNoSchedule does not evict", node(corev1.Taint{Key: "maintenance", Effect: corev1.TaintEffectPreferNoSchedule}), "", nil, true},
+		{"untolerated NoExecute evicts", node(noExec), "", nil, false},
+		{"tolerated by key", node(noExec), "", []corev1.Toleration{{Key: "maintenance", Operator: corev1.TolerationOpExists}}, true},
+		{"tolerated by everything", node(noExec), "", []corev1.Toleration{{Operator: corev1.TolerationOpExists}}, true},
+		{"a toleration of another value", node(noExec), "", []corev1.Toleration{{Key: "maintenance", Value: "y"}}, false},
+		{"a toleration of NoSchedule only", node(noExec), "", []corev1.Toleration{{Key: "maintenance", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}, false},
+		{"tolerationSeconds still tolerates, as the controller reads it", node(noExec), "", []corev1.Toleration{{Key: "maintenance", Operator: corev1.TolerationOpExists, TolerationSeconds: new(int64)}}, true},
+		{"not-ready is tolerated by every DaemonSet pod", node(corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoExecute}), "", nil, true},
+		{"unreachable too", node(corev1.Taint{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoExecute}), "", nil, true},
+		{"out-of-service is not", node(corev1.Taint{Key: "node.kubernetes.io/out-of-service", Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute}), "", nil, false},
+		{"nodeName of another node", node(), "n2", nil, false},
+		{"nodeName of this node", node(), "n1", nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := &kube.DaemonSet{}
+			ds.Spec.Template.Spec.NodeName = tt.nodeName
+			ds.Spec.Template.Spec.Tolerations = tt.tolerations
+			if got, why := Covers(ds, tt.node); got != tt.want {
+				t.Errorf("Covers = %v (%s), want %v", got, why, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheck(t *testing.T) {
+	const ns, list = "ns", "0123456789abcdef"
 	now := metav1.Now()
+	yes := true
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"pool": "gpu"}}}
 	ds := func(mod func(*appsv1.DaemonSet)) *appsv1.DaemonSet {
-		d := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-demo", Namespace: "ns"}}
+		d := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "x-image-prefetcher-demo", Namespace: ns, UID: "u1"}}
+		d.Spec.Template.Annotations = map[string]string{"image-prefetcher.stackrox.io/list-digest": list}
 		if mod != nil {
 			mod(d)
 		}
 		return d
 	}
+	pod := func(owner string, uid types.UID) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x-image-prefetcher-dem-x7k2p", Namespace: ns}}
+		if owner != "" {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: owner, UID: uid, Controller: &yes}}
+		}
+		return p
+	}
+	owned := pod("x-image-prefetcher-demo", "u1")
 	tests := []struct {
 		name    string
-		objects []any
-		pod     string
-		want    bool
+		objects []runtime.Object
+		want    Verdict
 		wantErr bool
 	}{
-		{"rollout: still selected", []any{node, ds(nil)}, "image-prefetcher-demo-x7k2p", true, false},
-		{"deleted", []any{node}, "image-prefetcher-demo-x7k2p", false, false},
-		{"being deleted", []any{node, ds(func(d *appsv1.DaemonSet) {
+		{"rollout with the same list", []runtime.Object{node, owned, ds(nil)}, Kept, false},
+		{"rollout with another list", []runtime.Object{node, owned, ds(func(d *appsv1.DaemonSet) {
+			d.Spec.Template.Annotations["image-prefetcher.stackrox.io/list-digest"] = "fedcba9876543210"
+		})}, ListChanged, false},
+		{"a template without a digest", []runtime.Object{node, owned, ds(func(d *appsv1.DaemonSet) { d.Spec.Template.Annotations = nil })}, ListChanged, false},
+		{"deleted", []runtime.Object{node, owned}, Gone, false},
+		{"deleted and created again", []runtime.Object{node, pod("x-image-prefetcher-demo", "u0"), ds(nil)}, Gone, false},
+		{"being deleted", []runtime.Object{node, owned, ds(func(d *appsv1.DaemonSet) {
 			d.DeletionTimestamp, d.Finalizers = &now, []string{"x"}
-		})}, "image-prefetcher-demo-x7k2p", false, false},
-		{"node no longer selected", []any{node, ds(func(d *appsv1.DaemonSet) {
+		})}, Gone, false},
+		{"node no longer selected", []runtime.Object{node, owned, ds(func(d *appsv1.DaemonSet) {
 			d.Spec.Template.Spec.NodeSelector = map[string]string{"pool": "cpu"}
-		})}, "image-prefetcher-demo-x7k2p", false, false},
-		{"node gone", []any{ds(nil)}, "image-prefetcher-demo-x7k2p", false, false},
-		{"pod name tells nothing", []any{node, ds(nil)}, "standalone", false, true},
+		})}, Gone, false},
+		{"node gone", []runtime.Object{owned, ds(nil)}, Gone, false},
+		{"a pod without a DaemonSet", []runtime.Object{node, pod("", ""), ds(nil)}, Gone, false},
+		{"own pod not readable", []runtime.Object{node, ds(nil)}, Gone, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cs := fake.NewClientset()
-			for _, o := range tt.objects {
-				switch o := o.(type) {
-				case *corev1.Node:
-					_, _ = cs.CoreV1().Nodes().Create(context.Background(), o, metav1.CreateOptions{})
-				case *appsv1.DaemonSet:
-					_, _ = cs.AppsV1().DaemonSets("ns").Create(context.Background(), o, metav1.CreateOptions{})
-				}
-			}
-			k := clientset.Wrap(cs)
-			c := Checker{DaemonSets: k.(kube.DaemonSetGetter).DaemonSets("ns"), Nodes: k.Nodes(), Pod: tt.pod, Node: "n1"}
-			got, why, err := c.Covers(context.Background())
+			c := Checker{Client: clientset.Wrap(fake.NewClientset(tt.objects...)), Namespace: ns, Pod: owned.Name, Node: "n1", List: list}
+			got, why, err := c.Check(context.Background())
 			if got != tt.want || (err != nil) != tt.wantErr {
-				t.Errorf("Covers = %v (%s), %v; want %v, error %v", got, why, err, tt.want, tt.wantErr)
+				t.Errorf("Check = %v (%s), %v; want %v, error %v", got, why, err, tt.want, tt.wantErr)
 			}
 		})
 	}
+	if _, _, err := (Checker{Client: nodesOnly{}, Namespace: ns, Pod: owned.Name, Node: "n1"}).Check(context.Background()); err == nil {
+		t.Error("a client that cannot read pods told a verdict")
+	}
 }
+
+// nodesOnly is a kube.Interface that cannot read pods or DaemonSets.
+type nodesOnly struct{ kube.Interface }

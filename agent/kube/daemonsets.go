@@ -12,7 +12,8 @@ import (
 )
 
 // DaemonSet is the part of an apps/v1 DaemonSet the agent reads: whether
-// it is being deleted, which nodes its pods may run on, and how many; and
+// it is being deleted, which nodes its pods may run on and stay on, which
+// image list its pod template carries, and how many pods it wants; and
 // for `status --hits`, its volumes (the list ConfigMap). It is decoded
 // from JSON rather than through k8s.io/api/apps/v1, whose types the agent
 // binary does not otherwise need (see the package comment on footprint).
@@ -27,13 +28,19 @@ type DaemonSetStatus struct {
 	DesiredNumberScheduled int32 `json:"desiredNumberScheduled"`
 }
 
-// DaemonSetSpec holds the pod template's node selection and volumes.
+// DaemonSetSpec holds the pod template's annotations, node selection and
+// volumes.
 type DaemonSetSpec struct {
 	Template struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations,omitempty"`
+		} `json:"metadata"`
 		Spec struct {
-			NodeSelector map[string]string `json:"nodeSelector,omitempty"`
-			Affinity     *corev1.Affinity  `json:"affinity,omitempty"`
-			Volumes      []corev1.Volume   `json:"volumes,omitempty"`
+			NodeName     string              `json:"nodeName,omitempty"`
+			NodeSelector map[string]string   `json:"nodeSelector,omitempty"`
+			Affinity     *corev1.Affinity    `json:"affinity,omitempty"`
+			Tolerations  []corev1.Toleration `json:"tolerations,omitempty"`
+			Volumes      []corev1.Volume     `json:"volumes,omitempty"`
 		} `json:"spec"`
 	} `json:"template"`
 }

@@ -64,3 +64,30 @@ func TestDaemonSetList(t *testing.T) {
 		t.Errorf("decoded %+v", l)
 	}
 }
+
+// The pod GET asks for the metadata only, and decodes the owner
+// references the agent follows to its DaemonSet.
+func TestPodGetMetadata(t *testing.T) {
+	s, cfg := newServer(t)
+	c, err := NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.body = `{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{"name":"p-x7k2p","namespace":"ns","uid":"u1",` +
+		`"ownerReferences":[{"apiVersion":"apps/v1","kind":"DaemonSet","name":"ds","uid":"u2","controller":true}]}}`
+	m, err := c.Pods("ns").GetMetadata(context.Background(), "p-x7k2p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.last(t); got.Method != http.MethodGet || got.Path != "/api/v1/namespaces/ns/pods/p-x7k2p" ||
+		got.Accept != "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1" {
+		t.Errorf("request %+v", got)
+	}
+	if m.Name != "p-x7k2p" || len(m.OwnerReferences) != 1 || m.OwnerReferences[0].Name != "ds" || m.OwnerReferences[0].Controller == nil || !*m.OwnerReferences[0].Controller {
+		t.Errorf("decoded %+v", m)
+	}
+	s.status, s.body = http.StatusNotFound, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"details":{"name":"x","kind":"pods"}}`
+	if _, err := c.Pods("ns").GetMetadata(context.Background(), "x"); !apierrors.IsNotFound(err) {
+		t.Errorf("err %v, want NotFound", err)
+	}
+}

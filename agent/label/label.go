@@ -57,9 +57,17 @@ type Summary struct {
 	OmittedFailures int       `json:"omittedFailures,omitempty"`
 	DurationSeconds float64   `json:"durationSeconds"`
 	CompletedAt     string    `json:"completedAt"`
+	// Pod is the UID of the agent pod that wrote the summary, and List the
+	// digest of the list it checked (imagelist.List.Digest): a startup
+	// taint goes on a succeeded only when this pod wrote it for this list.
+	Pod  string `json:"pod,omitempty"`
+	List string `json:"list,omitempty"`
 	// StartupTaint is the key of the startup taint the agent removes, so
-	// that `status` can tell whether a node still carries it.
-	StartupTaint string `json:"startupTaint,omitempty"`
+	// that `status` can tell whether a node still carries it, and so that
+	// every other instance removing the same key waits for this one until
+	// StartupTaintDeadline (RFC 3339; empty: until its images are present).
+	StartupTaint         string `json:"startupTaint,omitempty"`
+	StartupTaintDeadline string `json:"startupTaintDeadline,omitempty"`
 	// Pins is what the agent pinned on the node (agent/pin); nil when
 	// pinning is off.
 	Pins *Pins `json:"pins,omitempty"`
@@ -229,6 +237,9 @@ func (s Summary) Same(o Summary) bool {
 	if (s.Owner == nil) != (o.Owner == nil) || s.Owner != nil && *s.Owner != *o.Owner {
 		return false
 	}
+	if s.Pod != o.Pod || s.List != o.List {
+		return false
+	}
 	if !sameDisk(s.Disk, o.Disk) {
 		return false
 	}
@@ -289,8 +300,13 @@ type Labeler struct {
 	InitialBackoff time.Duration
 	// Sleep waits between retries; tests replace it.
 	Sleep func(time.Duration)
-	// StartupTaint, when set, is recorded in every summary written.
-	StartupTaint string
+	// Pod and List, when set, are recorded in every summary written: who
+	// wrote it, for which list.
+	Pod, List string
+	// StartupTaint and its deadline (zero: none), when set, are recorded
+	// in every summary written.
+	StartupTaint         string
+	StartupTaintDeadline time.Time
 }
 
 func (l *Labeler) log() *slog.Logger {
@@ -303,16 +319,28 @@ func (l *Labeler) log() *slog.Logger {
 // Apply sets the label to the summary's value and the annotation to the
 // summary, retrying transient API errors for up to RetryFor.
 func (l *Labeler) Apply(ctx context.Context, s Summary) error {
-	if l.StartupTaint != "" {
-		s.StartupTaint = l.StartupTaint
-	}
-	s.Owner = l.Owner
+	s = l.stamp(s)
 	patch := map[string]any{"metadata": map[string]any{
 		"labels":      map[string]any{l.Key: s.Value()},
 		"annotations": map[string]any{l.Key: s.Marshal()},
 	}}
 	return l.patch(ctx, patch, l.retryFor())
 }
+
+// stamp records who writes s, for which list and startup taint.
+func (l *Labeler) stamp(s Summary) Summary {
+	s.Owner, s.Pod, s.List = l.Owner, l.Pod, l.List
+	if l.StartupTaint != "" {
+		s.StartupTaint = l.StartupTaint
+		if !l.StartupTaintDeadline.IsZero() {
+			s.StartupTaintDeadline = l.StartupTaintDeadline.UTC().Format(time.RFC3339)
+		}
+	}
+	return s
+}
+
+// Stamped is s as Apply writes it, for comparing with what a node holds.
+func (l *Labeler) Stamped(s Summary) Summary { return l.stamp(s) }
 
 // Remove deletes the label and annotation, retrying for up to budget.
 func (l *Labeler) Remove(ctx context.Context, budget time.Duration) error {

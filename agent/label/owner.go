@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
 // Owner is the instance a node key belongs to. Instances of the same name
@@ -52,13 +54,10 @@ func (o Owner) String() string {
 	return o.Namespace + "/" + o.Name
 }
 
-// Prefix is how an annotation owned by o begins. The admission policy
-// cannot parse JSON, so ownership is decided by this prefix, here and in
-// the policy alike (fn/render builds the same string in CEL): the agent
-// writes the owner as the first member of the annotation, and namespaces
-// and instance names hold no character JSON would escape.
+// Prefix is how an annotation owned by o begins: the instance's
+// OwnerPrefix, which the admission policy matches too (fn/render).
 func (o Owner) Prefix() string {
-	return `{"owner":{"namespace":"` + o.Namespace + `","name":"` + o.Name + `",`
+	return v1alpha1.Instance{Namespace: o.Namespace, Name: o.Name}.OwnerPrefix()
 }
 
 // claimed matches an annotation that names an owner. Inside a JSON string

@@ -1,6 +1,17 @@
 // Package taint removes an instance's startup taint from the agent's own
-// node: once the node's label says every image is present, or, fail-open,
-// once maxWait has passed since the agent's pod first started on the node.
+// node once this pod's own run found every image of its own list present,
+// or, fail-open, once maxWait has passed since the agent's pod first
+// started on the node. Nothing else counts: not another instance's
+// succeeded on the same key, not one a previous pod wrote.
+//
+// Instances may share a taint key. Each one that waits for the key
+// registers on the node, in its own node key's annotation, that it holds
+// the key and until when (label.Summary's StartupTaint and
+// StartupTaintDeadline); the key goes once every registered holder is done
+// (its label says succeeded) or past its deadline. An agent that registers
+// after the taint is gone finds nothing to wait for: the registration is
+// written first thing at start, which makes that window short, not empty
+// (docs/readiness.md).
 //
 // It only ever removes taints with its own key, from its own node, with a
 // JSON patch that tests the taint list it read: a taint another controller
@@ -17,7 +28,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,8 +68,18 @@ type Remover struct {
 	Node  string
 	// Key is the taint key; every taint with it is removed.
 	Key string
-	// LabelKey is the instance's node label; "succeeded" lets the taint go.
+	// Domain prefixes every instance's node key; the annotations under it
+	// name the other holders of Key.
+	Domain string
+	// LabelKey is the instance's node key, and Owner the instance.
 	LabelKey string
+	Owner    label.Owner
+	// Pod and List identify this pod's run: the pod's UID and the digest
+	// of its list. A succeeded on LabelKey lets the taint go only when the
+	// annotation says this pod wrote it for this list, for the process
+	// that did not see the check itself (watch after fetch). Pod "" never
+	// matches.
+	Pod, List string
 	// MaxWait after Started the taint goes even with images missing; 0
 	// keeps it until the label says succeeded.
 	MaxWait time.Duration
@@ -73,7 +96,17 @@ type Remover struct {
 	// Now and Sleep are the clock; tests replace them.
 	Now   func() time.Time
 	Sleep func(ctx context.Context, d time.Duration) error
+
+	// done: this process's latest check found every image present.
+	done atomic.Bool
+	// waitingFor is the last set of other holders logged, to log a change
+	// once.
+	waitingFor string
 }
+
+// Done records whether this process's latest check of the list found
+// every image present.
+func (r *Remover) Done(allPresent bool) { r.done.Store(allPresent) }
 
 func (r *Remover) log() *slog.Logger {
 	if r.Log == nil {
@@ -155,8 +188,9 @@ func (r *Remover) attemptTimeout() time.Duration {
 	return r.AttemptTimeout
 }
 
-// Step reads the node once and removes the taint if its time has come.
-// done is true once the node has no taint with the key.
+// Step reads the node once and removes the taint if its time has come:
+// this pod's run is done (or past its deadline), and so is every other
+// holder of the key. done is true once the node has no taint with the key.
 func (r *Remover) Step(ctx context.Context) (done bool, err error) {
 	node, err := r.get(ctx)
 	if err != nil {
@@ -166,10 +200,18 @@ func (r *Remover) Step(ctx context.Context) (done bool, err error) {
 		r.log().Debug("startup taint: not on the node", "taint", r.Key)
 		return true, nil
 	}
-	succeeded := node.Labels[r.LabelKey] == v1alpha1.LabelSucceeded
+	now := r.now()
+	ready := r.done.Load() || r.wroteSucceeded(node)
 	deadline := r.Deadline()
-	timedOut := !deadline.IsZero() && !r.now().Before(deadline)
-	if !succeeded && !timedOut {
+	timedOut := !deadline.IsZero() && !now.Before(deadline)
+	if !ready && !timedOut {
+		return false, nil
+	}
+	if others := r.pendingHolders(node, now); len(others) > 0 {
+		if w := strings.Join(others, ", "); w != r.waitingFor {
+			r.waitingFor = w
+			r.log().Info("startup taint: this instance is ready for its removal; waiting for the other instances that hold the same key", "taint", r.Key, "waitingFor", w)
+		}
 		return false, nil
 	}
 	removed, err := r.remove(ctx, node)
@@ -179,9 +221,9 @@ func (r *Remover) Step(ctx context.Context) (done bool, err error) {
 	if !removed {
 		return true, nil // someone else removed it meanwhile
 	}
-	if succeeded {
-		msg := fmt.Sprintf("removed the startup taint %s from node %s: every image is present, %s after the pod first started", r.Key, r.Node, r.now().Sub(r.Started).Round(time.Second))
-		r.log().Info("startup taint removed: every image is present", "taint", r.Key, "sincePodStart", r.now().Sub(r.Started).Round(time.Millisecond))
+	if ready {
+		msg := fmt.Sprintf("removed the startup taint %s from node %s: every image is present, %s after the pod first started", r.Key, r.Node, now.Sub(r.Started).Round(time.Second))
+		r.log().Info("startup taint removed: every image is present", "taint", r.Key, "sincePodStart", now.Sub(r.Started).Round(time.Millisecond))
 		r.emit(ctx, corev1.EventTypeNormal, ReasonRemoved, msg)
 		r.observe(ReasonRemoved)
 		return true, nil
@@ -191,6 +233,56 @@ func (r *Remover) Step(ctx context.Context) (done bool, err error) {
 	r.emit(ctx, corev1.EventTypeWarning, ReasonTimeout, msg)
 	r.observe(ReasonTimeout)
 	return true, nil
+}
+
+// wroteSucceeded reports whether the node's key says succeeded as written
+// by this instance, from this pod, for this list.
+func (r *Remover) wroteSucceeded(node *corev1.Node) bool {
+	if r.Pod == "" || node.Labels[r.LabelKey] != v1alpha1.LabelSucceeded {
+		return false
+	}
+	ann, ok := node.Annotations[r.LabelKey]
+	if !ok || !strings.HasPrefix(ann, r.Owner.Prefix()) {
+		return false
+	}
+	s, err := label.Parse(ann)
+	return err == nil && s.Pod == r.Pod && s.List == r.List
+}
+
+// pendingHolders names the other instances registered on the node as
+// holders of the key that are neither done nor past their deadline.
+func (r *Remover) pendingHolders(node *corev1.Node, now time.Time) []string {
+	var out []string
+	for k, ann := range node.Annotations {
+		if !strings.HasPrefix(k, r.Domain+"/") || !strings.Contains(ann, r.Key) {
+			continue
+		}
+		s, err := label.Parse(ann)
+		if err != nil || s.StartupTaint != r.Key {
+			continue
+		}
+		if k == r.LabelKey && (s.Owner == nil || *s.Owner == r.Owner) {
+			continue // this instance's own
+		}
+		if node.Labels[k] == v1alpha1.LabelSucceeded {
+			continue
+		}
+		if dl, err := time.Parse(time.RFC3339, s.StartupTaintDeadline); err == nil && !now.Before(dl) {
+			continue
+		}
+		who := k
+		if s.Owner != nil {
+			who = s.Owner.String()
+		}
+		if s.StartupTaintDeadline != "" {
+			who += " (until " + s.StartupTaintDeadline + ")"
+		} else {
+			who += " (until its images are present: maxWait 0)"
+		}
+		out = append(out, who)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (r *Remover) emit(ctx context.Context, typ, reason, msg string) {

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
 
 const (
@@ -72,16 +74,35 @@ func (c *clock) Sleep(ctx context.Context, d time.Duration) error {
 
 var t0 = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 
-func setup(label string, taints ...corev1.Taint) (*fake.Clientset, *Remover, *recorder, counter, *clock) {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{}}, Spec: corev1.NodeSpec{Taints: taints}}
-	if label != "" {
-		node.Labels[labelKey] = label
+// owner, pod and list are the instance and run of the Remover setup makes.
+var owner = label.NewOwner("prefetch", "demo")
+
+const (
+	pod  = "uid-of-this-pod"
+	list = "0123456789abcdef"
+)
+
+// written is the annotation this pod's run writes with a check's outcome.
+func written(present int) string {
+	s := label.NewSummary(1, present, nil, time.Second, t0)
+	s.Owner, s.Pod, s.List = &owner, pod, list
+	return s.Marshal()
+}
+
+// setup makes node n1 with the taints, and, unless value is "", the
+// instance's key as this pod's run writes it; and n2, tainted too.
+func setup(value string, taints ...corev1.Taint) (*fake.Clientset, *Remover, *recorder, counter, *clock) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{}, Annotations: map[string]string{}}, Spec: corev1.NodeSpec{Taints: taints}}
+	if value != "" {
+		node.Labels[labelKey] = value
+		node.Annotations[labelKey] = written(map[string]int{"succeeded": 1}[value])
 	}
 	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{own}}}
 	cs := fake.NewClientset(node, other)
 	rec, cnt, clk := &recorder{}, counter{}, &clock{now: t0}
 	r := &Remover{
-		Nodes: cs.CoreV1().Nodes(), Node: "n1", Key: key, LabelKey: labelKey,
+		Nodes: cs.CoreV1().Nodes(), Node: "n1", Key: key,
+		Domain: "image-prefetcher.stackrox.io", LabelKey: labelKey, Owner: owner, Pod: pod, List: list,
 		MaxWait: 20 * time.Minute, Started: t0, Events: rec, Metrics: cnt,
 		Now: clk.Now, Sleep: clk.Sleep,
 	}
@@ -170,6 +191,111 @@ func TestStep(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Only this pod's run counts: its own check (Done), or the succeeded it
+// wrote for its list. A succeeded written by another owner (the same name
+// in another namespace), by an earlier pod, or for another list is not
+// this run's, and the taint stays until maxWait.
+func TestStepTrustsOnlyThisRun(t *testing.T) {
+	other := label.NewOwner("team-b", "demo")
+	for _, tc := range []struct {
+		name     string
+		ann      func(s *label.Summary)
+		done     bool
+		wantGone bool
+	}{
+		{"this pod wrote succeeded for its list", func(*label.Summary) {}, false, true},
+		{"written by another owner", func(s *label.Summary) { s.Owner = &other }, false, false},
+		{"written by an earlier pod", func(s *label.Summary) { s.Pod = "uid-of-the-old-pod" }, false, false},
+		{"written for another list", func(s *label.Summary) { s.List = "fedcba9876543210" }, false, false},
+		{"written without a pod", func(s *label.Summary) { s.Pod = "" }, false, false},
+		{"no key on the node, but this process's check found every image", nil, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs, r, rec, _, _ := setup("", own)
+			if tc.ann != nil {
+				s := label.NewSummary(1, 1, nil, time.Second, t0)
+				s.Owner, s.Pod, s.List = &owner, pod, list
+				tc.ann(&s)
+				n, _ := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+				n.Labels[labelKey], n.Annotations[labelKey] = "succeeded", s.Marshal()
+				if _, err := cs.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.Done(tc.done)
+			done, err := r.Step(context.Background())
+			if err != nil || done != tc.wantGone || Has(mustNode(t, cs), key) == tc.wantGone {
+				t.Errorf("done %v (err %v), taints %v; want removed %v", done, err, taintsOf(t, cs, "n1"), tc.wantGone)
+			}
+			if tc.wantGone && (len(rec.events) != 1 || rec.events[0].reason != ReasonRemoved) {
+				t.Errorf("events %v", rec.events)
+			}
+		})
+	}
+}
+
+// Instances that share the key each register on the node in their own
+// key's annotation: the taint goes once every holder is done or past its
+// deadline, at this instance's own success or its maxWait alike.
+func TestStepWaitsForTheOtherHolders(t *testing.T) {
+	const otherKey = "image-prefetcher.stackrox.io/other"
+	holder := func(value, deadline, taintKey string) func(n *corev1.Node) {
+		return func(n *corev1.Node) {
+			o := label.NewOwner("prefetch", "other")
+			s := label.NewSummary(1, 0, []label.Failure{{Image: "x", Reason: "Missing"}}, 0, t0)
+			s.Owner, s.StartupTaint, s.StartupTaintDeadline = &o, taintKey, deadline
+			n.Labels[otherKey], n.Annotations[otherKey] = value, s.Marshal()
+		}
+	}
+	later, earlier := t0.Add(time.Hour).Format(time.RFC3339), t0.Add(-time.Minute).Format(time.RFC3339)
+	for _, tc := range []struct {
+		name     string
+		other    func(n *corev1.Node)
+		done     bool
+		elapsed  time.Duration
+		wantGone bool
+	}{
+		{"the other still pulls", holder("failed", later, key), true, 0, false},
+		{"the other is done", holder("succeeded", later, key), true, 0, true},
+		{"the other is past its deadline", holder("failed", earlier, key), true, 0, true},
+		{"the other waits for its images (maxWait 0)", holder("failed", "", key), true, 0, false},
+		{"the other holds another key", holder("failed", later, "example.com/other"), true, 0, true},
+		{"this one's maxWait passed, the other still pulls", holder("failed", later, key), false, 20 * time.Minute, false},
+		{"both past their deadlines", holder("failed", t0.Add(10*time.Minute).Format(time.RFC3339), key), false, 20 * time.Minute, true},
+		{"a same-name owner of this key holds it too", func(n *corev1.Node) {
+			o := label.NewOwner("team-b", "demo")
+			s := label.NewSummary(1, 0, nil, 0, t0)
+			s.Owner, s.StartupTaint, s.StartupTaintDeadline = &o, key, later
+			n.Labels[labelKey], n.Annotations[labelKey] = "failed", s.Marshal()
+		}, true, 0, false},
+		{"an annotation that is not a summary", func(n *corev1.Node) { n.Annotations[otherKey] = "{" + key }, true, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs, r, _, _, clk := setup("", own)
+			n := mustNode(t, cs)
+			tc.other(n)
+			if _, err := cs.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			r.Done(tc.done)
+			clk.now = t0.Add(tc.elapsed)
+			done, err := r.Step(context.Background())
+			if err != nil || done != tc.wantGone || Has(mustNode(t, cs), key) == tc.wantGone {
+				t.Errorf("done %v (err %v), taints %v; want removed %v", done, err, taintsOf(t, cs, "n1"), tc.wantGone)
+			}
+		})
+	}
+}
+
+func mustNode(t *testing.T, cs *fake.Clientset) *corev1.Node {
+	t.Helper()
+	n, err := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 func TestPatchTestsTheListItRead(t *testing.T) {

@@ -7,6 +7,8 @@
 package imagelist
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 )
@@ -116,6 +118,23 @@ func (l List) Refs() []string {
 		out[i] = e.Ref
 	}
 	return out
+}
+
+// Digest names the list by content: 16 hex digits of the sha256 of every
+// entry's normalized reference (or the reference as written, for an invalid
+// one), in order. The function renders it into the DaemonSet's pod template
+// and the agent computes it from the list it read, so both sides compare
+// lists by this one rule.
+func (l List) Digest() string {
+	h := sha256.New()
+	for _, e := range l.Entries {
+		ref := e.Normalized
+		if ref == "" {
+			ref = e.Ref
+		}
+		h.Write([]byte(ref + "\n"))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // Normalize returns the fully-qualified form the kubelet uses:

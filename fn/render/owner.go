@@ -1,29 +1,34 @@
 package render
 
 import (
+	"fmt"
+
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
 // The node key image-prefetcher.stackrox.io/<name> is shared by every
 // instance called <name>, whatever its namespace; its annotation names the
 // one instance that owns it (see agent/label's Owner). CEL cannot parse
 // JSON, so the policy reads the owner the way the agent writes it: as the
-// annotation's prefix {"owner":{"namespace":"<ns>","name":"<name>",.
+// annotation's prefix, v1alpha1.Instance.OwnerPrefix.
 //
-// The namespace comes from the request, never from the rendered text: the
-// user name of a ServiceAccount token is system:serviceaccount:<ns>:<sa>,
-// and kustomize's namespace: above the function moves the ServiceAccount,
-// so the user name follows it where a namespace written into the CEL would
-// stay behind. The instance name is the one in the key, which no kustomize
-// transformer rewrites either.
+// The instance is the one rendered, namespace and name. The agent's own
+// namespace is in the request (its ServiceAccount's user name
+// system:serviceaccount:<ns>:<sa>); the policy requires it to be the
+// rendered one. A namespace: applied above the function moves the
+// ServiceAccount away from the namespace the mark and the owner were
+// rendered for: the policy then denies every write of the moved agent,
+// which refuses to run anyway (agent/cli, INSTANCE_NAMESPACE).
 
 // ownerVariables are the policy's variables about the key's owner; they
 // use variables.key and the annotation maps.
-func ownerVariables(name string) []admissionv1.Variable {
+func ownerVariables(in v1alpha1.Instance) []admissionv1.Variable {
 	return []admissionv1.Variable{
 		{Name: "userParts", Expression: "request.userInfo.username.split(':')"},
 		{Name: "agentNamespace", Expression: "variables.userParts.size() == 4 && variables.userParts[0] == 'system' && variables.userParts[1] == 'serviceaccount' ? variables.userParts[2] : ''"},
-		{Name: "ownerPrefix", Expression: `'{"owner":{"namespace":"' + variables.agentNamespace + '","name":"` + name + `",'`},
+		{Name: "ownerPrefix", Expression: fmt.Sprintf("'%s'", in.OwnerPrefix())},
 		{Name: "oldAnnotation", Expression: "variables.key in variables.oldAnnotations ? variables.oldAnnotations[variables.key] : ''"},
 		// An annotation with an "owner" member that does not begin with
 		// this instance's prefix belongs to someone else. Inside a JSON
@@ -35,13 +40,16 @@ func ownerVariables(name string) []admissionv1.Variable {
 	}
 }
 
-// ownerValidations: the agent writes its key only as its owner, and never
-// touches a key another instance owns.
-func ownerValidations(key string) []admissionv1.Validation {
+// ownerValidations: the agent runs in the namespace it was rendered for,
+// writes its key only as its owner, and never touches a key another
+// instance owns.
+func ownerValidations(in v1alpha1.Instance) []admissionv1.Validation {
+	key := v1alpha1.NodeKey(in.Name)
 	return []admissionv1.Validation{
 		{
-			Expression: "variables.agentNamespace != ''",
-			Message:    "the image prefetcher must authenticate as its ServiceAccount: the namespace in its user name names the owner of " + key,
+			Expression: fmt.Sprintf("variables.agentNamespace == '%s'", in.Namespace),
+			Message: fmt.Sprintf("the image prefetcher %s must run as its ServiceAccount in namespace %s, the namespace it was rendered for: "+
+				"a namespace: applied after the function moved it (not supported: apply namespace: to the ImagePrefetcher, before the function runs)", in, in.Namespace),
 		},
 		{
 			Expression: "variables.keyUnchanged || !variables.ownedByAnother",
@@ -50,7 +58,7 @@ func ownerValidations(key string) []admissionv1.Validation {
 		{
 			Expression: "variables.keyUnchanged || variables.keyRemoved || (variables.key in variables.newAnnotations && variables.newAnnotations[variables.key].startsWith(variables.ownerPrefix) && " +
 				`!variables.newAnnotations[variables.key].substring(size(variables.ownerPrefix)).matches('"owner"\\s*:'))`,
-			Message: "the image prefetcher may set " + key + " only with an annotation that names its own namespace and instance as the one owner: {\"owner\":{\"namespace\":\"<its namespace>\",\"name\":\"<instance>\",...},...}",
+			Message: fmt.Sprintf("the image prefetcher may set %s only with an annotation that names its instance %s as the one owner: %s...", key, in, in.OwnerPrefix()),
 		},
 	}
 }

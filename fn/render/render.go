@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
 
 // Label keys and values put on every rendered object.
@@ -48,11 +49,11 @@ const (
 type Names struct {
 	// Namespaced objects: ServiceAccount, DaemonSet, Role, RoleBinding.
 	Namespaced string
-	// ImageList names the list ConfigMap. It must differ from the
-	// DaemonSet's name: kustomize rewrites every Role resourceName equal
-	// to a ConfigMap's name when it renames that ConfigMap (the hash suffix
-	// of generator mode), without looking at the rule's resource, and the
-	// Role's get on the instance's own DaemonSet is by name.
+	// ImageList names the list ConfigMap, with a suffix of its own so
+	// that no rule that names objects could confuse it with the
+	// DaemonSet: kustomize rewrites every Role resourceName equal to a
+	// ConfigMap's name when it renames that ConfigMap (the hash suffix of
+	// generator mode), without looking at the rule's resource.
 	ImageList string
 	// SCCRole names the Role and RoleBinding granting "use" on the SCC.
 	SCCRole string
@@ -74,26 +75,31 @@ func NamesFor(ns, name string) Names {
 }
 
 // The agent's ClusterRole carries one more rule, on a resource that does not
-// exist: verb "label" on "agents" of the API group, by the name of the
-// instance's node key. Nothing serves that resource, so the rule grants
-// nothing; it marks the holder. The admission policy recognises the agent by
-// asking the authorizer about the mark instead of comparing user names:
-// kustomize rewrites the ClusterRoleBinding's roleRef and subjects when a
-// namePrefix or namespace is applied after the function ran, so the mark
-// follows the ServiceAccount through any rename, while a user name inside a
-// CEL string would not, and the policy would silently stop matching.
+// exist: verb "label" on "agents" of the API group, by the instance's
+// Marker (v1alpha1.Instance: its namespace and name as rendered). Nothing
+// serves that resource, so the rule grants nothing; it marks the holder.
+// The admission policy recognises the agent by asking the authorizer about
+// the mark instead of comparing user names: kustomize rewrites the
+// ClusterRoleBinding's roleRef and subjects when a namePrefix is applied
+// after the function ran, so the mark follows the ServiceAccount through
+// any rename, while a user name inside a CEL string would not, and the
+// policy would silently stop matching. The mark names the namespace as
+// well as the name, so that the policy of one instance never matches the
+// agent of another, whatever their names.
 //
-// The name is the node key, which holds a '/': no Kubernetes object can have
-// that name, so none of kustomize's nameReferences into
-// ClusterRole rules/resourceNames (ConfigMap, Secret, PersistentVolume and
-// the SCC entry of scc-namereference.yaml) can ever rewrite it.
+// The name holds a '/': no Kubernetes object can have that name, so none of
+// kustomize's nameReferences into ClusterRole rules/resourceNames
+// (ConfigMap, Secret, PersistentVolume and the SCC entry of
+// scc-namereference.yaml) can ever rewrite it.
 const (
 	MarkerResource = "agents"
 	MarkerVerb     = "label"
 )
 
-// MarkerName is the resource name of an instance's marker rule.
-func MarkerName(instance string) string { return v1alpha1.NodeKey(instance) }
+// instance is the identity every rendered piece derives from.
+func (c Config) instance() v1alpha1.Instance {
+	return v1alpha1.Instance{Namespace: c.Namespace, Name: c.Name}
+}
 
 // Labels returns the common labels of an instance's objects.
 func Labels(name string) map[string]string {
@@ -173,7 +179,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 					// annotation.
 					{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
 					// The mark the admission policy matches; see MarkerResource.
-					{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{MarkerName(c.Name)}, Verbs: []string{MarkerVerb}},
+					{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{c.instance().Marker()}, Verbs: []string{MarkerVerb}},
 				},
 			},
 			&rbacv1.ClusterRoleBinding{
@@ -187,7 +193,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 		&rbacv1.Role{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
 			ObjectMeta: meta(n.Namespaced, true),
-			Rules:      append(c.roleRules(), ownDaemonSetRule(n.Namespaced)),
+			Rules:      append(c.roleRules(), ownPodAndDaemonSetRule()),
 		},
 		&rbacv1.RoleBinding{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -278,11 +284,18 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 	return rules
 }
 
-// ownDaemonSetRule lets watch read its own DaemonSet, and nothing else, so
-// that it keeps the node key across a rollout and removes it only when the
-// DaemonSet is gone, being deleted, or no longer selects the node.
-func ownDaemonSetRule(name string) rbacv1.PolicyRule {
-	return rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{name}, Verbs: []string{"get"}}
+// ownPodAndDaemonSetRule lets the agent find its own DaemonSet: it reads
+// its pod (POD_NAME) for the controller owner reference, then that
+// DaemonSet. watch keeps the node key across a rollout only while the
+// DaemonSet still covers the node with the same list, and herd control
+// reads the herd's size there. The grant is namespace-wide, not by name:
+// a namePrefix or nameSuffix applied after the function ran, or the
+// function run from a kustomize component, renames the DaemonSet after
+// its name was rendered into the rule, and pod names are generated. The
+// namespace is the instance's own (docs/security.md), and the rule only
+// reads.
+func ownPodAndDaemonSetRule() rbacv1.PolicyRule {
+	return rbacv1.PolicyRule{APIGroups: []string{"", "apps"}, Resources: []string{"pods", "daemonsets"}, Verbs: []string{"get"}}
 }
 
 // Volume names inside the pod.
@@ -383,6 +396,10 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 		// involvedObject.uid is the pod's.
 		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.uid"}}},
 		{Name: "INSTANCE_NAME", Value: c.Name},
+		// The namespace rendered for, which nothing rewrites: a namespace:
+		// applied above the function moves the pod away from its policy
+		// and mark, and the agent then refuses to run (docs/api.md).
+		{Name: v1alpha1.EnvInstanceNamespace, Value: c.Namespace},
 	}
 	f, root := false, int64(0)
 	sc := &corev1.SecurityContext{
@@ -413,6 +430,9 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 	}
 
 	annotations := c.podAnnotations()
+	// The agent parses the rendered list with the same rules and compares
+	// digests: see v1alpha1.ListDigestAnnotation.
+	annotations[v1alpha1.ListDigestAnnotation] = imagelist.Parse(c.ImageListText()).Digest()
 	podSC := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if c.Flavor == v1alpha1.FlavorOCP {
 		annotations[requiredSCCAnnotation] = n.Cluster
@@ -485,7 +505,7 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 			MatchConditions: []admissionv1.MatchCondition{
 				{
 					Name:       "is-image-prefetcher-agent",
-					Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, MarkerName(c.Name), MarkerVerb),
+					Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, c.instance().Marker(), MarkerVerb),
 				},
 				{
 					// A grant that covers every name of the marker resource
@@ -523,8 +543,8 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 		},
 	}
 	// The key's owner; see owner.go.
-	p.Spec.Variables = append(p.Spec.Variables, ownerVariables(c.Name)...)
-	p.Spec.Validations = append(p.Spec.Validations, ownerValidations(key)...)
+	p.Spec.Variables = append(p.Spec.Variables, ownerVariables(c.instance())...)
+	p.Spec.Validations = append(p.Spec.Validations, ownerValidations(c.instance())...)
 	p.Spec.Variables = append(p.Spec.Variables, c.startupTaintVariables()...)
 	p.Spec.Validations = append(p.Spec.Validations, c.startupTaintValidations()...)
 	return p

@@ -58,3 +58,37 @@ func TestStartupTaintTolerations(t *testing.T) {
 		})
 	}
 }
+
+// Taints Kubernetes keeps for itself are refused: removing one would undo
+// the node lifecycle's or the cloud provider's own state.
+func TestStartupTaintReservedKeys(t *testing.T) {
+	for _, key := range []string{
+		"node.kubernetes.io/not-ready",
+		"node.kubernetes.io/unschedulable",
+		"node.kubernetes.io/out-of-service",
+		"node.cloudprovider.kubernetes.io/uninitialized",
+		"node.cloudprovider.kubernetes.io/shutdown",
+		"node-role.kubernetes.io/control-plane",
+		"node.alpha.kubernetes.io/notReady",
+	} {
+		t.Run(key, func(t *testing.T) {
+			ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, StartupTaint: &v1alpha1.StartupTaint{Key: key}}}
+			ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
+			_, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
+			found := false
+			for _, p := range probs {
+				found = found || p.Severity == Error && p.Path == "spec.startupTaint.key"
+			}
+			if !found {
+				t.Errorf("accepted: %v", probs)
+			}
+		})
+	}
+	// The autoscaler's startup-taint domain is a subdomain of kubernetes.io
+	// meant for exactly this.
+	ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, StartupTaint: &v1alpha1.StartupTaint{Key: "startup-taint.cluster-autoscaler.kubernetes.io/image-prefetcher"}}}
+	ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
+	if _, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false }); probs.HasErrors() {
+		t.Errorf("the cluster-autoscaler's startup-taint key refused: %v", probs)
+	}
+}

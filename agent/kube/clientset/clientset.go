@@ -8,6 +8,7 @@ import (
 	"context"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -66,9 +67,32 @@ func (d daemonSets) List(ctx context.Context, opts metav1.ListOptions) (*kube.Da
 
 func convert(ds *appsv1.DaemonSet) *kube.DaemonSet {
 	out := &kube.DaemonSet{ObjectMeta: ds.ObjectMeta}
-	out.Spec.Template.Spec.NodeSelector = ds.Spec.Template.Spec.NodeSelector
-	out.Spec.Template.Spec.Affinity = ds.Spec.Template.Spec.Affinity
-	out.Spec.Template.Spec.Volumes = ds.Spec.Template.Spec.Volumes
+	out.Spec.Template.Metadata.Annotations = ds.Spec.Template.Annotations
+	pod := ds.Spec.Template.Spec
+	out.Spec.Template.Spec.NodeName = pod.NodeName
+	out.Spec.Template.Spec.NodeSelector = pod.NodeSelector
+	out.Spec.Template.Spec.Affinity = pod.Affinity
+	out.Spec.Template.Spec.Tolerations = pod.Tolerations
+	out.Spec.Template.Spec.Volumes = pod.Volumes
 	out.Status.DesiredNumberScheduled = ds.Status.DesiredNumberScheduled
 	return out
+}
+
+// Pods returns the fake's Pods' metadata as the agent reads it.
+func (w wrapped) Pods(namespace string) kube.PodClient {
+	return pods{w.cs.CoreV1().Pods(namespace)}
+}
+
+type pods struct {
+	c interface {
+		Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Pod, error)
+	}
+}
+
+func (p pods) GetMetadata(ctx context.Context, name string) (*metav1.ObjectMeta, error) {
+	pod, err := p.c.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return &pod.ObjectMeta, nil
 }

@@ -1,0 +1,67 @@
+package v1alpha1
+
+import "strings"
+
+// Instance identifies one ImagePrefetcher: its namespace and name as the
+// function rendered them. Every rendered piece that must tell instances
+// apart (the admission policy's mark, the owner of the node key) and the
+// agent derive it from these two alone, through the methods below, so that
+// both sides always agree.
+//
+// The node key NodeKey(Name) holds the name only: it is what workloads
+// select, so instances of one name in two namespaces share it, and its
+// annotation names the one that owns it (OwnerPrefix).
+type Instance struct {
+	Namespace string
+	Name      string
+}
+
+func (i Instance) String() string { return i.Namespace + "/" + i.Name }
+
+// Marker is the resource name of the instance's marker rule, the RBAC rule
+// by which its admission policy recognizes its agent. It holds a '/', so
+// no Kubernetes object can have it as a name and no kustomize name
+// reference ever rewrites it.
+func (i Instance) Marker() string { return LabelDomain + "/" + i.Namespace + "/" + i.Name }
+
+// OwnerPrefix is how the annotation of a node key owned by the instance
+// begins. The admission policy cannot parse JSON, so ownership is decided
+// by this prefix, in CEL and in the agent alike: the owner is the first
+// member, and namespaces and names hold no character JSON escapes.
+func (i Instance) OwnerPrefix() string {
+	return `{"owner":{"namespace":"` + i.Namespace + `","name":"` + i.Name + `",`
+}
+
+// EnvInstanceNamespace names the container variable that tells the agent
+// the namespace its instance was rendered for.
+const EnvInstanceNamespace = "INSTANCE_NAMESPACE"
+
+// ListDigestAnnotation on the DaemonSet's pod template holds the digest of
+// the instance's image list (fn/imagelist's Digest). On SIGTERM the agent
+// keeps its node key only while its DaemonSet's current template carries
+// the list it checked.
+const ListDigestAnnotation = LabelDomain + "/list-digest"
+
+// reservedTaintPrefixes are the key prefixes of the taints Kubernetes sets
+// and removes itself: the node lifecycle controller's condition taints
+// (node.kubernetes.io/, and their deprecated node.alpha.kubernetes.io/
+// forms), the cloud node controllers' (node.cloudprovider.kubernetes.io/
+// uninitialized and shutdown) and kubeadm's control-plane taints
+// (node-role.kubernetes.io/). Removing one of them would undo that state.
+var reservedTaintPrefixes = []string{
+	"node.kubernetes.io/",
+	"node.alpha.kubernetes.io/",
+	"node.cloudprovider.kubernetes.io/",
+	"node-role.kubernetes.io/",
+}
+
+// ReservedTaint reports whether Kubernetes keeps taints with key for
+// itself, so that a startup taint may not have it.
+func ReservedTaint(key string) bool {
+	for _, p := range reservedTaintPrefixes {
+		if strings.HasPrefix(key, p) {
+			return true
+		}
+	}
+	return false
+}
