@@ -373,3 +373,29 @@ func TestKustomizeReportsErrors(t *testing.T) {
 		t.Errorf("stderr:\n%s\nwant\n%s", seen, want)
 	}
 }
+
+// kustomize runs a function from the directory of the kustomization that
+// lists it: a Component there means the including kustomization's patches
+// of the ImagePrefetcher come after the function (the warning; the real
+// kustomize's case is tests/render's TestFunctionInAComponent).
+func TestComponentKustomization(t *testing.T) {
+	for _, tc := range []struct {
+		file, content string
+		want          bool
+	}{
+		{"kustomization.yaml", "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\ntransformers: [fn.yaml]\n", true},
+		{"kustomization.yml", "kind: Component\n", true},
+		{"Kustomization", "kind: Component\n", true},
+		{"kustomization.yaml", "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n", false},
+		{"kustomization.yaml", "resources: [a.yaml]\n", false},
+		{"other.yaml", "kind: Component\n", false},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, tc.file), []byte(tc.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := componentKustomization(dir); (got != "") != tc.want || tc.want && got != filepath.Join(dir, tc.file) {
+			t.Errorf("%s %q: %q, want a component: %v", tc.file, tc.content, got, tc.want)
+		}
+	}
+}

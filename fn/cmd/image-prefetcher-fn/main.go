@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/krm"
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
@@ -41,6 +44,9 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 		for _, r := range results {
 			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", krm.Describe(r))
 		}
+		if file := componentKustomization("."); file != "" {
+			fmt.Fprintf(stderr, "image-prefetcher-fn: warning: run from the kustomize Component %s: kustomize runs a component's transformers before the patches, namespace and namePrefix of the kustomization that includes it, so a patch of the ImagePrefetcher there is silently lost, and a namespace: there moves the agent away from the namespace it was rendered for (the agent then refuses to run); list the function under transformers: of the top kustomization instead (docs/integrations/kustomize.md)\n", file)
+		}
 	}
 	if _, err := stdout.Write(out); err != nil {
 		fmt.Fprintf(stderr, "image-prefetcher-fn: write stdout: %v\n", err)
@@ -50,4 +56,29 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// componentKustomization returns the kustomization file in dir when it is
+// a kustomize Component, "" otherwise. kustomize runs an exec function in
+// the directory of the kustomization that lists it, so that is where a
+// function declared in a component finds out.
+func componentKustomization(dir string) string {
+	for _, name := range []string{"kustomization.yaml", "kustomization.yml", "Kustomization"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		var k struct {
+			Kind string `yaml:"kind"`
+		}
+		if yaml.Unmarshal(b, &k) == nil && k.Kind == "Component" {
+			abs, err := filepath.Abs(filepath.Join(dir, name))
+			if err != nil {
+				abs = name
+			}
+			return abs
+		}
+		return ""
+	}
+	return ""
 }
