@@ -178,14 +178,14 @@ func TestAdmissionPolicyOnAPIServer(t *testing.T) {
 	})
 }
 
-// TestAdmissionPolicyFollowsRenames: a namePrefix and a namespace applied
-// with the real kustomize ABOVE the kustomization that ran the function
-// rename the ServiceAccount, the ClusterRole and its binding, and the
-// policy and its binding after the function computed every name. The
-// policy matches the agent by the marker rule of its ClusterRole, which
-// kustomize's built-in nameReferences carry along (roleRef, subjects,
-// spec.policyName), so the renamed agent stays restricted: it fails
-// closed.
+// TestAdmissionPolicyFollowsRenames: a namePrefix applied with the real
+// kustomize ABOVE the kustomization that ran the function renames the
+// ServiceAccount, the ClusterRole and its binding, and the policy and its
+// binding after the function computed every name. The policy matches the
+// agent by the marker rule of its ClusterRole, which kustomize's built-in
+// nameReferences carry along (roleRef, subjects, spec.policyName), so the
+// renamed agent stays restricted: it fails closed. (A namespace above the
+// function is refused: TestIdentityOnAPIServer.)
 func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 	gen := copyTree(t, "testdata/kustomize/generator")
 	above := t.TempDir()
@@ -193,14 +193,14 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(above, "kustomization.yaml"), []byte("resources:\n- "+rel+"\nnamePrefix: x-\nnamespace: moved\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(above, "kustomization.yaml"), []byte("resources:\n- "+rel+"\nnamePrefix: x-\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	manifests := kustomizeBuild(t, above)
 
 	const (
 		policy = "x-image-prefetcher.prefetch.demo"
-		user   = "system:serviceaccount:moved:x-image-prefetcher-demo"
+		user   = "system:serviceaccount:prefetch:x-image-prefetcher-demo"
 		key    = "image-prefetcher.stackrox.io/demo"
 	)
 	// What kustomize must have followed for the policy to bite.
@@ -212,15 +212,15 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 	for _, o := range docs {
 		objs[o.GetKind()] = o
 	}
-	if sa := objs["ServiceAccount"]; sa == nil || sa.GetNamespace()+"/"+sa.GetName() != "moved/x-image-prefetcher-demo" {
-		t.Fatalf("the ServiceAccount was not renamed to moved/x-image-prefetcher-demo:\n%s", manifests)
+	if sa := objs["ServiceAccount"]; sa == nil || sa.GetNamespace()+"/"+sa.GetName() != "prefetch/x-image-prefetcher-demo" {
+		t.Fatalf("the ServiceAccount was not renamed to prefetch/x-image-prefetcher-demo:\n%s", manifests)
 	}
 	crb := objs["ClusterRoleBinding"]
 	if ref, _, _ := unstructured.NestedString(crb.Object, "roleRef", "name"); ref != objs["ClusterRole"].GetName() {
 		t.Errorf("ClusterRoleBinding roleRef %q, ClusterRole %q", ref, objs["ClusterRole"].GetName())
 	}
 	subjects, _, _ := unstructured.NestedSlice(crb.Object, "subjects")
-	if len(subjects) != 1 || fmt.Sprint(subjects[0].(map[string]any)["namespace"], "/", subjects[0].(map[string]any)["name"]) != "moved/x-image-prefetcher-demo" {
+	if len(subjects) != 1 || fmt.Sprint(subjects[0].(map[string]any)["namespace"], "/", subjects[0].(map[string]any)["name"]) != "prefetch/x-image-prefetcher-demo" {
 		t.Errorf("ClusterRoleBinding subjects %v, want the renamed ServiceAccount", subjects)
 	}
 	if got := objs["ValidatingAdmissionPolicy"].GetName(); got != policy {
@@ -237,7 +237,7 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "moved"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "prefetch"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
@@ -261,10 +261,10 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 		patch   string
 		allowed bool
 	}{
-		// The owner's namespace is the one kustomize moved the agent to:
-		// the policy reads it from the ServiceAccount's user name.
-		{"own label", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:"{\"owner\":{\"namespace\":\"moved\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), true},
-		{"owned by the namespace before the move", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:"{\"owner\":{\"namespace\":\"prefetch\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), false},
+		// The owner is the instance as rendered, which a namePrefix does
+		// not rename.
+		{"own label", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:"{\"owner\":{\"namespace\":\"prefetch\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), true},
+		{"owned by another namespace", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:"{\"owner\":{\"namespace\":\"other\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), false},
 		{"another label", "node-a", `{"metadata":{"labels":{"pool":"z"}}}`, false},
 		{"another node", "node-b", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"}}}`, key), false},
 	} {

@@ -95,7 +95,7 @@ func TestAdmissionPolicyOwnership(t *testing.T) {
 		{"team-a may not take it", "team-a", write("failed", owned("team-a")), false, "belongs to another instance"},
 		{"team-b removes its key", "team-b", remove, true, ""},
 		{"an earlier release left a key without owner", "", write("succeeded", `{"total":1,"present":1,"failed":[]}`), true, ""},
-		{"team-a cannot keep it ownerless", "team-a", write("failed", `{"total":1,"present":0,"failed":[]}`), false, "only with an annotation that names its own namespace"},
+		{"team-a cannot keep it ownerless", "team-a", write("failed", `{"total":1,"present":0,"failed":[]}`), false, "only with an annotation that names its instance team-a/demo"},
 		{"team-a adopts it in one write", "team-a", write("succeeded", owned("team-a")), true, ""},
 		{"team-b cannot adopt it any more", "team-b", write("succeeded", owned("team-b")), false, "belongs to another instance"},
 	}

@@ -18,8 +18,8 @@ import (
 )
 
 // TestStartupTaintAdmission applies an instance with spec.startupTaint to a
-// real kube-apiserver, as rendered and renamed by a namePrefix and a
-// namespace above the function, and patches Nodes as the agent's
+// real kube-apiserver, as rendered and renamed by a namePrefix above the
+// function, and patches Nodes as the agent's
 // ServiceAccount with the node-name extra of a pod-bound token. Removing
 // taints with the instance's key from its own node is the only spec change
 // allowed. (tests/readiness repeats the decisive cases with the token the
@@ -35,14 +35,14 @@ func TestStartupTaintAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(above, "kustomization.yaml"), []byte("resources:\n- "+rel+"\nnamePrefix: x-\nnamespace: moved\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(above, "kustomization.yaml"), []byte("resources:\n- "+rel+"\nnamePrefix: x-\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, variant := range []struct {
 		name, dir, namespace, user, policy string
 	}{
 		{"as rendered", gen, "prefetch", "system:serviceaccount:prefetch:image-prefetcher-demo", "image-prefetcher.prefetch.demo"},
-		{"renamed above the function", above, "moved", "system:serviceaccount:moved:x-image-prefetcher-demo", "x-image-prefetcher.prefetch.demo"},
+		{"renamed above the function", above, "prefetch", "system:serviceaccount:prefetch:x-image-prefetcher-demo", "x-image-prefetcher.prefetch.demo"},
 	} {
 		t.Run(variant.name, func(t *testing.T) {
 			manifests := kustomizeBuild(t, variant.dir)

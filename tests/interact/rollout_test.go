@@ -1,0 +1,143 @@
+package interact_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+)
+
+// waitRolledOut waits, on a watch of the instance's DaemonSet, until the
+// controller has rolled its current generation out to want ready pods.
+func waitRolledOut(t *testing.T, in *instance, want int32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	lw := cache.NewFilteredListWatchFromClient(cs.AppsV1().RESTClient(), "daemonsets", in.namespace, func(o *metav1.ListOptions) {
+		o.LabelSelector = "app.kubernetes.io/instance=" + in.name
+	})
+	last := ""
+	if _, err := watchtools.UntilWithSync(ctx, lw, &appsv1.DaemonSet{}, nil, func(ev watch.Event) (bool, error) {
+		ds, ok := ev.Object.(*appsv1.DaemonSet)
+		if !ok {
+			return false, nil
+		}
+		s := ds.Status
+		last = fmt.Sprintf("generation %d/%d updated %d ready %d", s.ObservedGeneration, ds.Generation, s.UpdatedNumberScheduled, s.NumberReady)
+		return s.ObservedGeneration == ds.Generation && s.DesiredNumberScheduled == want && s.UpdatedNumberScheduled == want && s.NumberReady == want && s.NumberAvailable == want, nil
+	}); err != nil {
+		dumpPods(t, in.namespace)
+		t.Fatalf("DaemonSet of %s not rolled out: %v (last: %s)", in.name, err, last)
+	}
+}
+
+// The key stays across a rollout that keeps the list, for names and
+// layerings where the agent once lost its DaemonSet (issue 26, findings 3
+// and 4): a 63-character instance name, whose pods' generated names the
+// apiserver cuts, and a namePrefix applied above the function, which
+// renames the DaemonSet after the function rendered the RBAC. A watch on
+// the node, open for the whole rollout, must never see the key leave
+// succeeded; deleting the DaemonSet then removes it.
+func TestRolloutKeepsTheKey(t *testing.T) {
+	setup(t)
+	t.Parallel()
+	for i, tc := range []struct {
+		name, above string
+	}{
+		{strings.Repeat("long", 15) + "abc", ""},
+		{"prefixed", "namePrefix: p-\n"},
+	} {
+		t.Run(fmt.Sprintf("%d-characters%s", len(tc.name), map[bool]string{true: "-namePrefix-above"}[tc.above != ""]), func(t *testing.T) {
+			t.Parallel()
+			img := pushData(t, int64(2610+i), "keep-"+fmt.Sprint(i), 64<<10)
+			in := &instance{name: tc.name, namespace: fmt.Sprintf("interact-keep-%d", i), above: tc.above, spec: images(img) + nodeSpec(i)}
+			deploy(t, in)
+			node := nodeName(i)
+			waitNode(t, node, "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+				return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
+			})
+			waitRolledOut(t, in, 1)
+			old := podsOf(t, in)
+			w := watchKey(t, node, in.key())
+			// Only the agent's resources change: the same list.
+			in.spec = "  agent:\n    resources:\n      requests:\n        cpu: 7m\n" + images(img) + nodeSpec(i)
+			update(t, in)
+			waitRolledOut(t, in, 1)
+			now := podsOf(t, in)
+			if len(now) != 1 || len(old) != 1 || now[0].UID == old[0].UID {
+				t.Fatalf("no new pod: before %d, after %d", len(old), len(now))
+			}
+			if seen := w.finish(); !slices.Equal(seen, []string{"succeeded"}) {
+				t.Errorf("the label took the values %q during a rollout that kept the list, want succeeded throughout", seen)
+			}
+			if err := cs.AppsV1().DaemonSets(in.namespace).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + in.name}); err != nil {
+				t.Fatal(err)
+			}
+			waitNode(t, node, "the key gone with the DaemonSet", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+				_, has := n.Labels[in.key()]
+				return !has, keyState(n, in.key(), "")
+			})
+		})
+	}
+}
+
+// A rollout that changes the list while the new agent image cannot be
+// pulled: the old pod's watch sees the DaemonSet's template carry another
+// list and marks the key failed; the new pod never runs; the key must stay
+// failed, never succeeded for a list the node does not have (issue 26,
+// finding 6).
+func TestRolloutChangingTheListWithoutAnAgent(t *testing.T) {
+	setup(t)
+	t.Parallel()
+	old := pushData(t, 2620, "roll-old", 64<<10)
+	added := pushData(t, 2621, "roll-new", 64<<10)
+	in := deploy(t, &instance{name: "roll", namespace: "interact-roll", spec: images(old) + nodeSpec(1)})
+	node := nodeName(1)
+	waitNode(t, node, "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+		return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
+	})
+	waitRolledOut(t, in, 1)
+	w := watchKey(t, node, in.key())
+	in.spec = images(old, added) + nodeSpec(1)
+	in.agentImage = strings.Replace(agentRef, ":", ":missing-", 1)
+	update(t, in)
+	n := waitNode(t, node, "the key failed", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+		return n.Labels[in.key()] == "failed", keyState(n, in.key(), "")
+	})
+	if ann := n.Annotations[in.key()]; !strings.Contains(ann, `"reason":"ListChanged"`) {
+		t.Errorf("the annotation does not say the list changed: %s", ann)
+	}
+	// The new pod cannot start: its agent image does not exist.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lw := cache.NewFilteredListWatchFromClient(cs.CoreV1().RESTClient(), "pods", in.namespace, func(o *metav1.ListOptions) {
+		o.LabelSelector = "app.kubernetes.io/instance=" + in.name
+	})
+	if _, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok {
+			return false, nil
+		}
+		for _, st := range p.Status.InitContainerStatuses {
+			if w := st.State.Waiting; w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff") {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		dumpPods(t, in.namespace)
+		t.Fatalf("the new pod did not fail to pull its agent image: %v", err)
+	}
+	if seen := w.finish(); slices.Contains(seen[1:], "succeeded") || seen[len(seen)-1] != "failed" {
+		t.Errorf("the label took the values %q, want succeeded, then failed for good", seen)
+	}
+}
