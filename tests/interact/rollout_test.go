@@ -68,8 +68,9 @@ func TestRolloutKeepsTheKey(t *testing.T) {
 			waitRolledOut(t, in, 1)
 			old := podsOf(t, in)
 			w := watchKey(t, node, in.key())
-			// Only the agent's resources change: the same list.
-			in.spec = "  agent:\n    resources:\n      requests:\n        cpu: 7m\n" + images(img) + nodeSpec(i)
+			// Only the agent's resources change (under spec.agent, which
+			// holds the image): the same list.
+			in.spec = "    resources:\n      requests:\n        cpu: 7m\n" + images(img) + nodeSpec(i)
 			update(t, in)
 			waitRolledOut(t, in, 1)
 			now := podsOf(t, in)
