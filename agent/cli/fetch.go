@@ -44,6 +44,16 @@ const fetchReleaseGrace = 5 * time.Second
 // mid-pull, as watch's --remove-label-timeout does.
 const fetchSettleBudget = 4 * time.Second
 
+// settleIfTerminated: a key this run already wrote (a registration, the
+// images being pulled) must not outlive the instance when fetch is
+// terminated before its pull ended, while starting or while pulling: it is
+// settled as watch settles it on SIGTERM.
+func (a *agent) settleIfTerminated(ctx context.Context) {
+	if ctx.Err() != nil && a.pending {
+		_ = a.settleKey(ctx, time.Now().Add(fetchSettleBudget))
+	}
+}
+
 func newFetch(deps *Deps) *cobra.Command {
 	f := &agentFlags{}
 	var failOnError bool
@@ -66,6 +76,7 @@ func newFetch(deps *Deps) *cobra.Command {
 			a.onWaiting = func(results []pull.Result) { a.announcePulls(ctx, results) }
 			if err := a.init(ctx, args); err != nil {
 				a.failOpenTaint(ctx)
+				a.settleIfTerminated(ctx)
 				return err
 			}
 			defer a.cri.Close()
@@ -75,13 +86,9 @@ func newFetch(deps *Deps) *cobra.Command {
 			results := a.puller.Run(ctx, a.entries, "")
 			if ctx.Err() != nil {
 				// A label from a run cut short would report images as failed
-				// that were only interrupted. A key this run already wrote
-				// (a registration, the images being pulled) must not
-				// outlive the instance: it is settled as watch settles it.
+				// that were only interrupted.
 				a.log.Warn("terminated before the pull finished; not labeling the node")
-				if a.pending {
-					_ = a.settleKey(ctx, time.Now().Add(fetchSettleBudget))
-				}
+				a.settleIfTerminated(ctx)
 				return &ExitCodeError{Code: ExitError, Err: errSilent}
 			}
 			s := pull.Summarize(results, time.Since(start))

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -159,16 +161,18 @@ func TestFetchTerminatedWithdrawsItsRegistration(t *testing.T) {
 			}
 			e.ownPod(testNamespace, "image-prefetcher-demo-x7k2p", ds)
 			e.taintNode()
+			pulling := make(chan struct{})
 			e.cri.SetBehavior("docker.io/library/x:1", func(ctx context.Context, _ int, _ *runtimeapi.PullImageRequest) error {
+				close(pulling)
 				<-ctx.Done()
 				return ctx.Err()
 			})
 			done := make(chan int, 1)
 			go func() { done <- e.run(e.agentArgs("fetch", "--startup-taint="+testTaint, "x:1")...) }()
-			waitFor(t, "the registration", func() bool {
-				v, s, ok := e.state()
-				return ok && v == "failed" && s.StartupTaint == testTaint
-			})
+			<-pulling
+			if v, s, ok := e.state(); !ok || v != "failed" || s.StartupTaint != testTaint {
+				t.Fatalf("not registered before the pull: label %q summary %+v", v, s)
+			}
 			if code := e.sigterm(done); code != ExitError {
 				t.Fatalf("exit %d:\n%s", code, e.logs)
 			}
@@ -180,5 +184,34 @@ func TestFetchTerminatedWithdrawsItsRegistration(t *testing.T) {
 				t.Error("the taint went")
 			}
 		})
+	}
+}
+
+// The same while fetch still waits for its runtime: the registration was
+// written first thing, and the DaemonSet is gone.
+func TestFetchTerminatedWhileStartingWithdrawsItsRegistration(t *testing.T) {
+	e := newEnv(t)
+	e.ownPod(testNamespace, "image-prefetcher-demo-x7k2p", daemonSet(testNamespace, "image-prefetcher-demo", "x:1"))
+	e.taintNode()
+	// A runtime that accepts connections and never answers.
+	sock := filepath.Join(t.TempDir(), "silent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	done := make(chan int, 1)
+	go func() {
+		done <- e.run(e.agentArgs("fetch", "--startup-taint="+testTaint, "--cri-socket="+sock, "--cri-connect-timeout=10m", "x:1")...)
+	}()
+	waitFor(t, "the registration", func() bool {
+		v, s, ok := e.state()
+		return ok && v == "failed" && s.StartupTaint == testTaint
+	})
+	if code := e.sigterm(done); code != ExitError {
+		t.Fatalf("exit %d:\n%s", code, e.logs)
+	}
+	if _, _, registered := e.state(); registered {
+		t.Errorf("the registration outlived the deleted DaemonSet\n%s", e.logs)
 	}
 }

@@ -161,18 +161,7 @@ func (a *agent) markListChanged(ctx context.Context, deadline time.Time, why str
 	a.labelMu.Unlock()
 	failed := append(slices.Clone(s.Failed), label.Failure{Image: "image list", Reason: ReasonListChanged, Message: why + "; the next pod of the DaemonSet checks the new list"})
 	s = label.NewSummary(s.Total, s.Present, failed, 0, time.Now())
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	defer cancel()
-	if err := a.labeler.Apply(rctx, s); err != nil {
-		if label.IsOwnerConflict(err) {
-			a.log.Info("not marking the node label: it belongs to another instance of the same name", "err", err)
-			return nil
-		}
-		a.log.Error("marking the node label failed", "err", err)
-		return &ExitCodeError{Code: ExitError, Err: errSilent}
-	}
-	a.log.Info("node label marked failed: image list changed", "key", a.labeler.Key)
-	return nil
+	return a.writeOnExit(ctx, deadline, "marking", "marked failed", func(ctx context.Context) error { return a.labeler.Apply(ctx, s) })
 }
 
 // removeLabel removes this instance's label and annotation, giving up at
@@ -182,17 +171,24 @@ func (a *agent) removeLabel(ctx context.Context, deadline time.Time) error {
 	if a.labeler == nil {
 		return nil
 	}
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	return a.writeOnExit(ctx, deadline, "removing", "removed", func(ctx context.Context) error { return a.labeler.Remove(ctx, time.Until(deadline)) })
+}
+
+// writeOnExit runs write, a change of the key while terminating, until
+// deadline; doing and done ("removing", "removed") name it in the log. A
+// key that belongs to another instance is left alone, which is no failure.
+func (a *agent) writeOnExit(ctx context.Context, deadline time.Time, doing, done string, write func(context.Context) error) error {
+	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	if err := a.labeler.Remove(rctx, time.Until(deadline)); err != nil {
+	if err := write(wctx); err != nil {
 		if label.IsOwnerConflict(err) {
-			a.log.Info("not removing the node label: it belongs to another instance of the same name", "err", err)
+			a.log.Info("not "+doing+" the node label: it belongs to another instance of the same name", "err", err)
 			return nil
 		}
-		a.log.Error("removing the node label failed", "err", err)
+		a.log.Error(doing+" the node label failed", "err", err)
 		return &ExitCodeError{Code: ExitError, Err: errSilent}
 	}
-	a.log.Info("node label removed", "key", a.labeler.Key)
+	a.log.Info("node label "+done, "key", a.labeler.Key)
 	return nil
 }
 
