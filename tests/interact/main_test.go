@@ -110,9 +110,9 @@ type instance struct {
 	agentImage string
 	// refresh, when set, is watch's check interval (spec must hold
 	// refreshInterval: 1m; see cluster.ShortenRefresh).
-	refresh time.Duration
-	dir        string
-	manifests  []byte
+	refresh   time.Duration
+	dir       string
+	manifests []byte
 }
 
 func (in *instance) key() string { return labelDomain + in.name }

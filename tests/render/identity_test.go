@@ -67,7 +67,7 @@ func componentTree(t *testing.T, ns string) string {
 		"base/prefetcher.yaml": "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: " + ns +
 			"\nspec:\n  images:\n  - debian:bookworm\n",
 		"component/kustomization.yaml": "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\ntransformers:\n- function.yaml\n",
-		"component/function.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: image-prefetcher-fn\n  annotations:\n    config.kubernetes.io/function: |\n      exec:\n        path: " + fnBinary(t) + "\n",
+		"component/function.yaml":      "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: image-prefetcher-fn\n  annotations:\n    config.kubernetes.io/function: |\n      exec:\n        path: " + fnBinary(t) + "\n",
 		"top/kustomization.yaml": "resources:\n- ../base\ncomponents:\n- ../component\nnamePrefix: y-\npatches:\n- target:\n    kind: ImagePrefetcher\n  patch: |\n" +
 			"    - op: replace\n      path: /spec/images/0\n      value: debian:trixie\n",
 	}
