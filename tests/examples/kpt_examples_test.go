@@ -148,9 +148,11 @@ var kptCases = []kptCase{
 			"images: shop-web and shop-report at 1.5.0 (kpt has no builtin images transformer: the package deploys, and the function prefetches, the 1.4.0 written in the files)",
 		},
 		golden: "examples/workloads/expected-kpt.yaml",
-		// The tags, and so the DaemonSet's config hash, are what differs.
+		// The tags, and so the DaemonSet's config hash and list digest,
+		// are what differs.
 		sameUpTo: func(s string) string {
-			return configHash.ReplaceAllString(strings.ReplaceAll(s, ":1.5.0", ":1.4.0"), "$1<hash>")
+			s = configHash.ReplaceAllString(strings.ReplaceAll(s, ":1.5.0", ":1.4.0"), "$1<hash>")
+			return listDigest.ReplaceAllString(s, "$1<digest>")
 		},
 	},
 	// The Argo CD and Flux examples render their app/ directory with
@@ -168,7 +170,10 @@ var kptCases = []kptCase{
 }
 
 // configHash is the DaemonSet's pod-template hash of the list and settings.
-var configHash = regexp.MustCompile(`(image-prefetcher.stackrox.io/config-hash: )[0-9a-f]{64}`)
+var (
+	configHash = regexp.MustCompile(`(image-prefetcher.stackrox.io/config-hash: )[0-9a-f]{64}`)
+	listDigest = regexp.MustCompile(`(image-prefetcher.stackrox.io/list-digest: )[0-9a-f]{16}`)
+)
 
 // kustomizeGolden is the kustomize golden of a kpt case.
 func kustomizeGolden(t *testing.T, name string) string {

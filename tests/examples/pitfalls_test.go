@@ -177,7 +177,7 @@ func TestPitfallBuiltinsRunBeforeTheFunction(t *testing.T) {
 	}
 	// The policy matches the holder of the instance's marker, and the
 	// marker's ClusterRole is bound to the renamed ServiceAccount.
-	checkMarkerFollowsServiceAccount(t, same, "a-prefetch")
+	checkMarkerFollowsServiceAccount(t, same, "team-a/a-prefetch")
 
 	// One level above: images: now finds the DaemonSet.
 	write(t, filepath.Join(tmp, "above", "kustomization.yaml"), "resources: [../kustomize/overlays/vanilla]\n"+imagesField)
@@ -238,7 +238,7 @@ func TestPitfallNamePrefixAboveTheFunction(t *testing.T) {
 	// The admission policy keeps matching the renamed agent: the instance
 	// (and so the marker name) is unchanged, and the marker's ClusterRole
 	// follows the ServiceAccount.
-	checkMarkerFollowsServiceAccount(t, objs, "prefetch")
+	checkMarkerFollowsServiceAccount(t, objs, "image-prefetcher/prefetch")
 	if expr := vapMatch(t, objs); strings.Contains(expr, "userInfo.username") || strings.Contains(expr, "system:serviceaccount:") {
 		t.Errorf("the admission policy matches a user name, which a rename above the function leaves behind: %s", expr)
 	}
@@ -252,8 +252,9 @@ func TestPitfallNamePrefixAboveTheFunction(t *testing.T) {
 }
 
 // checkMarkerFollowsServiceAccount: the policy matches the marker of
-// instance, and the ClusterRole holding that marker is bound, by its
-// current name, to the ServiceAccount's current name and namespace.
+// instance (<namespace>/<name> as rendered), and the ClusterRole holding
+// that marker is bound, by its current name, to the ServiceAccount's
+// current name and namespace.
 func checkMarkerFollowsServiceAccount(t *testing.T, objs []*unstructured.Unstructured, instance string) {
 	t.Helper()
 	marker := "image-prefetcher.stackrox.io/" + instance

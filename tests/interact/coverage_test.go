@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -30,7 +31,8 @@ func TestUntoleratedNoExecuteTaint(t *testing.T) {
 		_, has := n.Labels[in.key()]
 		return !has, keyState(n, in.key(), key)
 	})
-	if pods := podsOf(t, in); len(pods) != 0 {
-		t.Errorf("%d pods of the instance after the eviction, want none: the DaemonSet does not cover the node", len(pods))
-	}
+	// The controller agrees: it wants no pod on the node any more.
+	waitDaemonSet(t, in, "no pod wanted on the tainted node", func(ds *appsv1.DaemonSet) bool {
+		return ds.Status.ObservedGeneration == ds.Generation && ds.Status.DesiredNumberScheduled == 0
+	})
 }

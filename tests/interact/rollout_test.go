@@ -16,9 +16,19 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 )
 
-// waitRolledOut waits, on a watch of the instance's DaemonSet, until the
-// controller has rolled its current generation out to want ready pods.
+// waitRolledOut waits until the controller has rolled the instance's
+// DaemonSet's current generation out to want ready pods.
 func waitRolledOut(t *testing.T, in *instance, want int32) {
+	t.Helper()
+	waitDaemonSet(t, in, fmt.Sprintf("rolled out to %d ready pods", want), func(ds *appsv1.DaemonSet) bool {
+		s := ds.Status
+		return s.ObservedGeneration == ds.Generation && s.DesiredNumberScheduled == want && s.UpdatedNumberScheduled == want && s.NumberReady == want && s.NumberAvailable == want
+	})
+}
+
+// waitDaemonSet waits, on a watch of the instance's DaemonSet, until cond
+// holds.
+func waitDaemonSet(t *testing.T, in *instance, what string, cond func(*appsv1.DaemonSet) bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -32,11 +42,11 @@ func waitRolledOut(t *testing.T, in *instance, want int32) {
 			return false, nil
 		}
 		s := ds.Status
-		last = fmt.Sprintf("generation %d/%d updated %d ready %d", s.ObservedGeneration, ds.Generation, s.UpdatedNumberScheduled, s.NumberReady)
-		return s.ObservedGeneration == ds.Generation && s.DesiredNumberScheduled == want && s.UpdatedNumberScheduled == want && s.NumberReady == want && s.NumberAvailable == want, nil
+		last = fmt.Sprintf("generation %d/%d desired %d updated %d ready %d", s.ObservedGeneration, ds.Generation, s.DesiredNumberScheduled, s.UpdatedNumberScheduled, s.NumberReady)
+		return cond(ds), nil
 	}); err != nil {
 		dumpPods(t, in.namespace)
-		t.Fatalf("DaemonSet of %s not rolled out: %v (last: %s)", in.name, err, last)
+		t.Fatalf("DaemonSet of %s not %s: %v (last: %s)", in.name, what, err, last)
 	}
 }
 
