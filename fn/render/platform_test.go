@@ -100,7 +100,7 @@ func TestMetadataPropagation(t *testing.T) {
 	if pa["argocd.argoproj.io/sync-wave"] != "-1" || pa[ConfigHashAnnotation] == "forged" || pa[ConfigHashAnnotation] == "" {
 		t.Errorf("pod template annotations %v", pa)
 	}
-	if want := []string{"argocd.argoproj.io/sync-wave", ConfigHashAnnotation, "kubectl.kubernetes.io/default-container", "openshift.io/required-scc"}; !slices.Equal(slices.Sorted(maps.Keys(pa)), want) {
+	if want := []string{"argocd.argoproj.io/sync-wave", ConfigHashAnnotation, v1alpha1.ListDigestAnnotation, "kubectl.kubernetes.io/default-container", "openshift.io/required-scc"}; !slices.Equal(slices.Sorted(maps.Keys(pa)), want) {
 		t.Errorf("pod template annotations %v, want exactly %v", slices.Sorted(maps.Keys(pa)), want)
 	}
 }
