@@ -160,8 +160,9 @@ func (a *agent) markListChanged(ctx context.Context, deadline time.Time, why str
 	}
 	a.labelMu.Unlock()
 	failed := append(slices.Clone(s.Failed), label.Failure{Image: "image list", Reason: ReasonListChanged, Message: why + "; the next pod of the DaemonSet checks the new list"})
-	s = label.NewSummary(s.Total, s.Present, failed, 0, time.Now())
-	return a.writeOnExit(ctx, deadline, "marking", "marked failed", func(ctx context.Context) error { return a.labeler.Apply(ctx, s) })
+	marked := label.NewSummary(s.Total, s.Present, failed, 0, time.Now())
+	marked.SetPins(s.Pins)
+	return a.writeOnExit(ctx, deadline, "marking", "marked failed", func(ctx context.Context) error { return a.labeler.Apply(ctx, marked) })
 }
 
 // removeLabel removes this instance's label and annotation, giving up at
