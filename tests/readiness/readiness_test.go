@@ -265,10 +265,21 @@ func TestStartupTaintAdmission(t *testing.T) {
 	own := corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule}
 	other := corev1.Taint{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}
 	start := []corev1.Taint{own, other}
+	// The agent itself removes its key's taint whenever it sees it (its
+	// watch may start after the cases below put the taint back). A second
+	// holder of the key that waits for its images, as another instance
+	// sharing the key registers, makes it wait instead, so that only the
+	// cases' own patches change the taints.
+	holder := labelDomain + "guard-holder"
+	hold := fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:%q}}}`, holder, holder, `{"total":1,"present":0,"failed":[],"startupTaint":"`+key+`"}`)
+	if _, err := cs.CoreV1().Nodes().Patch(ctx, n1.Name, types.MergePatchType, []byte(hold), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		setTaints(t, n1.Name)
 		setTaints(t, n2.Name)
-		_, _ = cs.CoreV1().Nodes().Patch(context.Background(), n1.Name, types.MergePatchType, []byte(`{"spec":{"unschedulable":null}}`), metav1.PatchOptions{})
+		unhold := fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}},"spec":{"unschedulable":null}}`, holder, holder)
+		_, _ = cs.CoreV1().Nodes().Patch(context.Background(), n1.Name, types.MergePatchType, []byte(unhold), metav1.PatchOptions{})
 	})
 	// The apiserver starts enforcing a new ValidatingAdmissionPolicy a
 	// moment after it is created: wait until a change the policy denies is
