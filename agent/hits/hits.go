@@ -32,8 +32,8 @@ type Pull struct {
 	// Pod is namespace/name.
 	Pod string `json:"pod"`
 	// Container is the Event's field path, such as spec.containers{app}.
-	Container string    `json:"container"`
-	Image     string    `json:"image"`
+	Container string `json:"container"`
+	Image     string `json:"image"`
 	// Time is when the kubelet found the image there (a hit) or started
 	// to pull it (a miss).
 	Time time.Time `json:"time"`
@@ -197,7 +197,7 @@ func Build(src Source) Instance {
 			p.Time = t
 		}
 		node := byNode[key.node]
-		p.Label = lines[key.node].at(p.Time)
+		p.Label = lines[key.node].at(p.Time, !p.Hit)
 		node.Pulls = append(node.Pulls, p)
 		node.add(p)
 	}
@@ -271,13 +271,24 @@ func (t *timeline) sort() {
 }
 
 // at is the label at time x: that of the last record at or before x.
-func (t *timeline) at(x time.Time) string {
-	state := LabelUnknown
+// Records and Events have a resolution of one second: a miss in the
+// second the label changed cannot be ordered with the change, and its
+// label is unknown. A hit then counts under the new label, as a pod
+// placed by the label starts after it.
+func (t *timeline) at(x time.Time, miss bool) string {
+	before, state := LabelUnknown, LabelUnknown
 	for _, p := range t.points {
 		if p.at.After(x) {
 			break
 		}
+		// A record that the label is unknown counts in its second too.
+		if p.at.Before(x) || p.state == LabelUnknown {
+			before = p.state
+		}
 		state = p.state
+	}
+	if miss && before != state {
+		return LabelUnknown
 	}
 	return state
 }

@@ -248,7 +248,7 @@ func TestLabelAtTheTime(t *testing.T) {
 			nodes: []corev1.Node{nodeWith("n1", "succeeded", "20:00")},
 			agent: []corev1.Event{agentEv(events.ReasonPrefetched, "n1", "01:00"), agentEv(events.ReasonPrefetchFailed, "n1", "10:00"), agentEv(events.ReasonPrefetched, "n1", "20:00")},
 			kubelet: []corev1.Event{
-				missEv("lied", "n1", "09:59"), missEv("told", "n1", "10:00"), missEv("still-failed", "n1", "19:59"), hitEv("again", "n1", "20:00"),
+				missEv("lied", "n1", "09:59"), missEv("told", "n1", "10:01"), missEv("still-failed", "n1", "19:59"), hitEv("again", "n1", "20:00"),
 			},
 			want: []string{"n1 apps/lied hit=false succeeded", "n1 apps/told hit=false failed", "n1 apps/still-failed hit=false failed", "n1 apps/again hit=true succeeded"},
 		},
@@ -293,6 +293,24 @@ func TestLabelAtTheTime(t *testing.T) {
 				pullingEv("q", "spec.initContainers{init}", "n1", "05:00"), hitEv("q", "n1", "25:01"), // another container's
 			},
 			want: []string{"n1 apps/p hit=false failed", "n1 apps/q hit=true succeeded"},
+		},
+		{
+			name:  "a miss in the second the label changed is not ordered, a hit counts after",
+			nodes: []corev1.Node{nodeWith("n1", "succeeded", "20:00")},
+			agent: []corev1.Event{agentEv(events.ReasonPrefetched, "n1", "01:00"), agentEv(events.ReasonPrefetchFailed, "n1", "10:00"), agentEv(events.ReasonPrefetched, "n1", "20:00")},
+			kubelet: []corev1.Event{
+				pullingEv("removed", "spec.containers{app}", "n1", "10:00"), missEv("removed", "n1", "10:01"),
+				pullingEv("repaired", "spec.containers{app}", "n1", "20:00"), missEv("repaired", "n1", "20:00"),
+				hitEv("present", "n1", "20:00"),
+			},
+			want: []string{"n1 apps/removed hit=false unknown", "n1 apps/present hit=true succeeded", "n1 apps/repaired hit=false unknown"},
+		},
+		{
+			name:    "a record of the same label in a miss's second changes nothing",
+			nodes:   []corev1.Node{nodeWith("n1", "succeeded", "05:00")},
+			agent:   []corev1.Event{agentEv(events.ReasonPrefetched, "n1", "01:00")},
+			kubelet: []corev1.Event{pullingEv("p", "spec.containers{app}", "n1", "05:00"), missEv("p", "n1", "05:02")},
+			want:    []string{"n1 apps/p hit=false succeeded"},
 		},
 		{
 			name:  "a container counts once, by its first start",
