@@ -1,7 +1,8 @@
 // Package pins_test runs the agent's pinning on a real kubelet with a
 // containerd 2.x node and image GC switched on: the prefetched images
 // survive a GC pass that removed an unlisted image, and the pins follow
-// the list and the instance's lifetime.
+// the list and the instance's lifetime. On Debian's containerd 1.6.20,
+// which cannot pin, the same GC collects them (unpinnable_test.go).
 //
 // The kubelet's periodic image GC runs every 5 minutes, which is not a
 // setting. Its eviction manager looks every 10 s, and under image
@@ -47,9 +48,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, ">> pins: %v\n", err)
 		os.Exit(1)
 	}
-	os.Exit(cluster.RunMain(m, cluster.Options{
+	os.Exit(cluster.RunMain(m, gcOptions(cluster.Containerd2), &c))
+}
+
+// gcOptions is one node of rt whose kubelet's image GC runs within a
+// test's time.
+func gcOptions(rt cluster.Runtime) cluster.Options {
+	return cluster.Options{
 		Nodes:           1,
-		NodeRuntime:     func(int) cluster.Runtime { return cluster.Containerd2 },
+		NodeRuntime:     func(int) cluster.Runtime { return rt },
 		ImageStoreBytes: 192 << 20,
 		KubeletConfig: map[string]any{
 			// The eviction manager's image GC is the one that runs within
@@ -64,7 +71,7 @@ func TestMain(m *testing.M) {
 			// 0 would mean the default, 2m.
 			"imageMinimumGCAge": "1s",
 		},
-	}, &c))
+	}
 }
 
 // deploy renders an ImagePrefetcher of that name, in a namespace of the
