@@ -29,8 +29,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -93,7 +91,7 @@ func TestHitsView(t *testing.T) {
 		t.Fatalf("apply: %v", err)
 	}
 	key := v1alpha1.NodeKey(instance)
-	if err := waitNode(ctx, cs, node, func(n *corev1.Node) bool { return n.Labels[key] == v1alpha1.LabelSucceeded }); err != nil {
+	if _, err := c.WaitNode(ctx, node, func(n *corev1.Node) bool { return n.Labels[key] == v1alpha1.LabelSucceeded }); err != nil {
 		c.DumpLogs(t)
 		t.Fatalf("label %s: %v", key, err)
 	}
@@ -194,34 +192,6 @@ func instanceObjects(ctx context.Context, t *testing.T, cs kubernetes.Interface)
 	}
 	t.Fatalf("DaemonSet %s has no volume %s", ds.Name, v1alpha1.ImageListVolume)
 	return nil, nil
-}
-
-// waitNode watches the node until cond holds.
-func waitNode(ctx context.Context, cs kubernetes.Interface, name string, cond func(*corev1.Node) bool) error {
-	sel := fields.OneTermEqualSelector("metadata.name", name).String()
-	for {
-		l, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil {
-			return err
-		}
-		if len(l.Items) == 1 && cond(&l.Items[0]) {
-			return nil
-		}
-		w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: l.ResourceVersion})
-		if err != nil {
-			return err
-		}
-		for ev := range w.ResultChan() {
-			if n, ok := ev.Object.(*corev1.Node); ok && ev.Type != watch.Deleted && cond(n) {
-				w.Stop()
-				return nil
-			}
-		}
-		w.Stop()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-	}
 }
 
 // waitLog follows a container's log until a line matches want.
