@@ -1,0 +1,296 @@
+package disk_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+)
+
+// diskBound is how soon a full disk must label the node (issue #25).
+const diskBound = 30 * time.Second
+
+// TestDiskFullOnANode deploys a list of 14 images of 4 MiB, 112 MiB on
+// disk once containerd unpacked them (blob and snapshot): more than the
+// ceiling of the 128 MiB store, and past the kubelet's 85% if pulled
+// whole. spec.disk.imageFilesystem is the node's containerd root. The node
+// is labeled failed, InsufficientDisk, within 30 s of fetch's start; the
+// images that fit are there; the store never reaches the ceiling (sampled
+// every 5 ms); and the node never gets DiskPressure, up to three node
+// status updates after the kubelet's own stats caught up with the store
+// (its eviction manager looks every 10 s, the status is written every
+// 5 s). With spec.disk.ceilingPercent: 100 instead, the same list got the
+// node DiskPressure, and the kubelet's eviction then removed every image.
+func TestDiskFullOnANode(t *testing.T) {
+	n := c.Nodes()[0]
+	if capacity := kubeletImageFs(t, nil).CapacityBytes; capacity != storeBytes {
+		t.Fatalf("the kubelet's image filesystem is %d bytes, want the %d of the node's store: the test would not exercise its thresholds", capacity, storeBytes)
+	}
+	var names []string
+	for i := range 14 {
+		names = append(names, fmt.Sprintf("big-%d", i))
+	}
+	refs := push(t, 500, 4<<20, names...)
+	conditions := watchConditions(t)
+	stop := peakUsage(t, n)
+	limit := uint64(storeBytes) / 100 * 80
+
+	deploy(t, "full", fmt.Sprintf("  disk:\n    imageFilesystem: %s\n  images:\n  - %s\n", n.ImageStore(), strings.Join(refs, "\n  - ")))
+	node := waitNode(t, "labeled InsufficientDisk", 3*time.Minute, labeled("full", "failed", "InsufficientDisk"))
+	labeledAt := time.Now()
+	took := labeledAt.Sub(fetchStarted(t, "full"))
+	s := summary(t, node, "full")
+	t.Logf("labeled failed %s after fetch started (the start is known to the second), %d of %d images present", took.Round(100*time.Millisecond), s.Present, s.Total)
+	if took > diskBound+time.Second {
+		t.Errorf("labeled %s after fetch started, want within %s", took, diskBound)
+	}
+	if s.Present == 0 {
+		t.Error("no image is there: the pulls stopped long before the ceiling")
+	}
+	for _, f := range s.Failed {
+		if f.Reason != "InsufficientDisk" {
+			t.Errorf("%s: %s, want InsufficientDisk: %s", f.Image, f.Reason, f.Message)
+		}
+	}
+	if d := s.Disk; d == nil || d.CapacityBytes != storeBytes || d.CeilingPercent != 80 {
+		t.Errorf("annotation's disk %+v, want the store's capacity and the ceiling of 80%%", d)
+	}
+
+	// The kubelet has seen the filled store, then written the node's
+	// status three times, at least one eviction pass apart.
+	fs := kubeletImageFs(t, func(fs imageFsStats) bool {
+		_, avail := usage(n)
+		return fs.AvailableBytes < avail+4<<20 && avail < fs.AvailableBytes+4<<20
+	})
+	conditions.waitUpdates(t, 3)
+	peak := stop()
+	t.Logf("peak use %.1f MiB of the %.1f MiB ceiling; the kubelet saw %.1f MiB available of %.1f MiB", mib(peak), mib(limit), mib(fs.AvailableBytes), mib(fs.CapacityBytes))
+	if peak >= limit {
+		t.Errorf("the store reached %d bytes, at or above the ceiling of %d", peak, limit)
+	}
+	if p := conditions.pressure(); len(p) > 0 {
+		t.Errorf("the node got DiskPressure: %v", p)
+	}
+	if t.Failed() {
+		c.DumpLogs(t)
+	}
+	uninstall(t, "full")
+	removeAll(t, refs)
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// imageFsStats is the kubelet's summary of its image filesystem.
+type imageFsStats struct {
+	Time           time.Time `json:"time"`
+	AvailableBytes uint64    `json:"availableBytes"`
+	CapacityBytes  uint64    `json:"capacityBytes"`
+	UsedBytes      uint64    `json:"usedBytes"`
+}
+
+// kubeletImageFs reads the kubelet's stats summary (through the
+// apiserver's node proxy) until its image filesystem stats satisfy ok
+// (cAdvisor refreshes them at its own pace), and returns them.
+func kubeletImageFs(t *testing.T, ok func(imageFsStats) bool) imageFsStats {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var fs imageFsStats
+	err = cluster.Poll(ctx, 500*time.Millisecond, "the kubelet's image filesystem stats", func() (bool, string) {
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", c.Nodes()[0].Name, "proxy", "stats", "summary").DoRaw(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		var summary struct {
+			Node struct {
+				Runtime struct {
+					ImageFs imageFsStats `json:"imageFs"`
+				} `json:"runtime"`
+			} `json:"node"`
+		}
+		if err := json.Unmarshal(raw, &summary); err != nil {
+			return false, err.Error()
+		}
+		fs = summary.Node.Runtime.ImageFs
+		return fs.CapacityBytes > 0 && (ok == nil || ok(fs)), fmt.Sprintf("%+v", fs)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// conditions records what the node's status says while the test runs.
+type conditions struct {
+	mu       sync.Mutex
+	updates  int
+	last     time.Time
+	seen     []string
+	changed  chan struct{}
+}
+
+// watchConditions follows the node until the test ends: every
+// DiskPressure condition that is True, and every status update (a new
+// heartbeat of the Ready condition).
+func watchConditions(t *testing.T) *conditions {
+	t.Helper()
+	w := &conditions{changed: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = c.WaitNode(ctx, c.Nodes()[0].Name, func(n *corev1.Node) bool {
+			w.see(n)
+			return false
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return w
+}
+
+func (w *conditions) see(n *corev1.Node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, cond := range n.Status.Conditions {
+		switch {
+		case cond.Type == corev1.NodeDiskPressure && cond.Status == corev1.ConditionTrue:
+			if seen := fmt.Sprintf("%s at %s: %s", cond.Reason, cond.LastTransitionTime.Format(time.RFC3339), cond.Message); !slices.Contains(w.seen, seen) {
+				w.seen = append(w.seen, seen)
+			}
+		case cond.Type == corev1.NodeReady && cond.LastHeartbeatTime.After(w.last):
+			w.last = cond.LastHeartbeatTime.Time
+			w.updates++
+			select {
+			case w.changed <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// waitUpdates waits for k more status updates of the node.
+func (w *conditions) waitUpdates(t *testing.T, k int) {
+	t.Helper()
+	w.mu.Lock()
+	want := w.updates + k
+	w.mu.Unlock()
+	timeout := time.After(time.Minute)
+	for {
+		w.mu.Lock()
+		got := w.updates
+		w.mu.Unlock()
+		if got >= want {
+			return
+		}
+		select {
+		case <-w.changed:
+		case <-timeout:
+			t.Fatalf("%d node status updates within a minute, want %d", got-want+k, k)
+		}
+	}
+}
+
+func (w *conditions) pressure() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen
+}
+
+// peakUsage samples the node's image store every 5 ms until stop is
+// called, and returns the highest use it saw, counted as the kubelet does.
+func peakUsage(t *testing.T, n *cluster.Node) (stop func() uint64) {
+	t.Helper()
+	done := make(chan struct{})
+	peak := make(chan uint64, 1)
+	go func() {
+		var max uint64
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if used, _ := usage(n); used > max {
+				max = used
+			}
+			select {
+			case <-done:
+				peak <- max
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		return <-peak
+	}
+}
+
+// uninstall deletes instance's DaemonSet and waits until its pod is gone.
+func uninstall(t *testing.T, instance string) {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bg := metav1.DeletePropagationBackground
+	if err := cs.AppsV1().DaemonSets(instance).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Poll(ctx, 250*time.Millisecond, "the pods of "+instance+" gone", func() (bool, string) {
+		pods, err := cs.CoreV1().Pods(instance).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// usage is the node's image store's used and available bytes, counted as
+// the kubelet does; zero when it cannot be read.
+func usage(n *cluster.Node) (used, avail uint64) {
+	var st unix.Statfs_t
+	if unix.Statfs(n.InNode(n.ImageStore()), &st) != nil {
+		return 0, 0
+	}
+	bs := uint64(st.Bsize)
+	return (st.Blocks - st.Bavail) * bs, st.Bavail * bs
+}
+
+// removeAll removes refs from the node, as `crictl rmi` does, so that the
+// next test finds room.
+func removeAll(t *testing.T, refs []string) {
+	t.Helper()
+	cri, err := c.Nodes()[0].CRI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cri.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, ref := range refs {
+		if _, err := cri.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+			t.Errorf("remove %s: %v", ref, err)
+		}
+	}
+}
