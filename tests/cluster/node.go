@@ -304,30 +304,6 @@ exec sleep infinity
 `, n.Dir, n.imageStoreMount())
 }
 
-// ImageStore is the node's image store: its runtime's root directory.
-func (n *Node) ImageStore() string {
-	if n.Runtime == CRIO {
-		return filepath.Join(n.Dir, "crio", "storage")
-	}
-	return filepath.Join(n.Dir, "containerd")
-}
-
-// imageStoreMount is the holder's command that puts the runtime's root on
-// a tmpfs of imageStoreBytes, or nothing.
-func (n *Node) imageStoreMount() string {
-	if n.imageStoreBytes <= 0 {
-		return ""
-	}
-	return fmt.Sprintf("mkdir -p %[1]q\nmount -t tmpfs -o size=%[2]d,mode=711 ipf-image-store %[1]q", n.ImageStore(), n.imageStoreBytes)
-}
-
-// InNode is path as the node's processes see it: its own mount namespace
-// holds the image store's tmpfs, which the test process does not see at
-// path itself.
-func (n *Node) InNode(path string) string {
-	return filepath.Join(fmt.Sprintf("/proc/%d/root", n.holderPID), path)
-}
-
 func (n *Node) startHolder(ctx context.Context) error {
 	c := n.c
 	p := &proc{

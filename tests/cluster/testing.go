@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 )
 
 // StartForTest starts a cluster for t and tears it down when t ends,
@@ -52,6 +54,44 @@ func (c *Cluster) AgentImage(t testing.TB) string {
 		t.Fatalf("push the agent image: %v", c.agent.err)
 	}
 	return c.agent.ref
+}
+
+// Deploy renders an ImagePrefetcher of that name, in a namespace of the
+// same name (spec is YAML under spec:, besides agent.image, which is
+// AgentImage), through the real kustomize and function, and applies it.
+func (c *Cluster) Deploy(t testing.TB, name, spec string) {
+	t.Helper()
+	p := Prefetcher{Name: name, Namespace: name, AgentImage: c.AgentImage(t), Spec: spec}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	manifests, err := p.Render(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, manifests, ApplyOptions{}); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+}
+
+// PushData pushes data images of one layer of size bytes, derived from
+// seed, as e2e/<name>:v1 and returns how pods name them (ghcr.io, which
+// nodes send to the run's registry).
+func (c *Cluster) PushData(t testing.TB, seed, size int64, names ...string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var refs []string
+	for i, n := range names {
+		img, err := ociimage.Data(seed+int64(i), size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Push(ctx, img, "e2e/"+n+":v1"); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, "ghcr.io/e2e/"+n+":v1")
+	}
+	return refs
 }
 
 // DumpLogs writes the end of every component log to the test log.

@@ -8,7 +8,32 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
+
+// LabelIs holds when key's label is value and, unless reason is empty,
+// an image of its annotation failed with reason.
+func LabelIs(key, value, reason string) func(*corev1.Node) bool {
+	return func(n *corev1.Node) bool {
+		if n.Labels[key] != value {
+			return false
+		}
+		if reason == "" {
+			return true
+		}
+		s, err := label.Parse(n.Annotations[key])
+		if err != nil {
+			return false
+		}
+		for _, f := range s.Failed {
+			if f.Reason == reason {
+				return true
+			}
+		}
+		return false
+	}
+}
 
 // WaitNode watches the Node name until cond holds for it, and returns it:
 // each change is seen as it is made, with no polling. ctx bounds the wait.

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -41,12 +40,12 @@ func TestDiskFullOnANode(t *testing.T) {
 	for i := range 14 {
 		names = append(names, fmt.Sprintf("big-%d", i))
 	}
-	refs := push(t, 500, 4<<20, names...)
+	refs := c.PushData(t, 500, 4<<20, names...)
 	conditions := watchConditions(t)
-	stop := peakUsage(t, n)
+	stop := n.PeakImageStoreUse()
 	limit := uint64(storeBytes) / 100 * 80
 
-	deploy(t, "full", fmt.Sprintf("  disk:\n    imageFilesystem: %s\n  images:\n  - %s\n", n.ImageStore(), strings.Join(refs, "\n  - ")))
+	c.Deploy(t, "full", fmt.Sprintf("  disk:\n    imageFilesystem: %s\n  images:\n  - %s\n", n.ImageStore(), strings.Join(refs, "\n  - ")))
 	node := waitNode(t, "labeled InsufficientDisk", 3*time.Minute, labeled("full", "failed", "InsufficientDisk"))
 	labeledAt := time.Now()
 	took := labeledAt.Sub(fetchStarted(t, "full"))
@@ -70,8 +69,9 @@ func TestDiskFullOnANode(t *testing.T) {
 	// The kubelet has seen the filled store, then written the node's
 	// status three times, at least one eviction pass apart.
 	fs := kubeletImageFs(t, func(fs imageFsStats) bool {
-		_, avail := usage(n)
-		return fs.AvailableBytes < avail+4<<20 && avail < fs.AvailableBytes+4<<20
+		capacity, used, err := n.ImageStoreUsage()
+		avail := capacity - used
+		return err == nil && fs.AvailableBytes < avail+4<<20 && avail < fs.AvailableBytes+4<<20
 	})
 	conditions.waitUpdates(t, 3)
 	peak := stop()
@@ -137,11 +137,11 @@ func kubeletImageFs(t *testing.T, ok func(imageFsStats) bool) imageFsStats {
 
 // conditions records what the node's status says while the test runs.
 type conditions struct {
-	mu       sync.Mutex
-	updates  int
-	last     time.Time
-	seen     []string
-	changed  chan struct{}
+	mu      sync.Mutex
+	updates int
+	last    time.Time
+	seen    []string
+	changed chan struct{}
 }
 
 // watchConditions follows the node until the test ends: every
@@ -214,34 +214,6 @@ func (w *conditions) pressure() []string {
 	return w.seen
 }
 
-// peakUsage samples the node's image store every 5 ms until stop is
-// called, and returns the highest use it saw, counted as the kubelet does.
-func peakUsage(t *testing.T, n *cluster.Node) (stop func() uint64) {
-	t.Helper()
-	done := make(chan struct{})
-	peak := make(chan uint64, 1)
-	go func() {
-		var max uint64
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if used, _ := usage(n); used > max {
-				max = used
-			}
-			select {
-			case <-done:
-				peak <- max
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return func() uint64 {
-		close(done)
-		return <-peak
-	}
-}
-
 // uninstall deletes instance's DaemonSet and waits until its pod is gone.
 func uninstall(t *testing.T, instance string) {
 	t.Helper()
@@ -264,17 +236,6 @@ func uninstall(t *testing.T, instance string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// usage is the node's image store's used and available bytes, counted as
-// the kubelet does; zero when it cannot be read.
-func usage(n *cluster.Node) (used, avail uint64) {
-	var st unix.Statfs_t
-	if unix.Statfs(n.InNode(n.ImageStore()), &st) != nil {
-		return 0, 0
-	}
-	bs := uint64(st.Bsize)
-	return (st.Blocks - st.Bavail) * bs, st.Bavail * bs
 }
 
 // removeAll removes refs from the node, as `crictl rmi` does, so that the

@@ -24,7 +24,6 @@ import (
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
-	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 )
 
 const labelDomain = "image-prefetcher.stackrox.io/"
@@ -58,66 +57,10 @@ func TestMain(m *testing.M) {
 	}, &c))
 }
 
-// deploy renders an ImagePrefetcher (spec is YAML under spec:, besides
-// agent.image) in a namespace of the same name, through the real kustomize
-// and function, and applies it. It returns when the apply returned.
-func deploy(t *testing.T, name, spec string) {
-	t.Helper()
-	p := cluster.Prefetcher{Name: name, Namespace: name, AgentImage: c.AgentImage(t), Spec: spec}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	manifests, err := p.Render(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
-		t.Fatalf("apply: %v", err)
-	}
-}
-
-// push pushes data images of one layer of size bytes as e2e/<name>:v1 and
-// returns how pods name them (ghcr.io, which the node sends to the run's
-// registry).
-func push(t *testing.T, seed, size int64, names ...string) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var refs []string
-	for i, n := range names {
-		img, err := ociimage.Data(seed+int64(i), size)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Push(ctx, img, "e2e/"+n+":v1"); err != nil {
-			t.Fatal(err)
-		}
-		refs = append(refs, "ghcr.io/e2e/"+n+":v1")
-	}
-	return refs
-}
-
 // labeled holds when instance's label is value and, unless reason is
 // empty, an image of its annotation failed with reason.
 func labeled(instance, value, reason string) func(*corev1.Node) bool {
-	key := labelDomain + instance
-	return func(n *corev1.Node) bool {
-		if n.Labels[key] != value {
-			return false
-		}
-		if reason == "" {
-			return true
-		}
-		s, err := label.Parse(n.Annotations[key])
-		if err != nil {
-			return false
-		}
-		for _, f := range s.Failed {
-			if f.Reason == reason {
-				return true
-			}
-		}
-		return false
-	}
+	return cluster.LabelIs(labelDomain+instance, value, reason)
 }
 
 // waitNode waits for cond on the node, at most timeout, and returns it.

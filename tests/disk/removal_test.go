@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
@@ -30,8 +29,8 @@ const removalBound = 15 * time.Second
 // agent takes it, pulls the image again and the label is succeeded.
 func TestRemovalRepairedUnderHerdControl(t *testing.T) {
 	const instance = "gc"
-	refs := push(t, 600, 64<<10, "kept")
-	deploy(t, instance, "  pull:\n    maxConcurrentNodes: 1\n  images:\n  - "+refs[0]+"\n")
+	refs := c.PushData(t, 600, 64<<10, "kept")
+	c.Deploy(t, instance, "  pull:\n    maxConcurrentNodes: 1\n  images:\n  - "+refs[0]+"\n")
 	waitNode(t, "labeled succeeded", 3*time.Minute, labeled(instance, "succeeded", ""))
 	logs := follow(t, instance, "watch")
 	logs.wait(t, "msg=watching")
@@ -67,33 +66,18 @@ func TestRemovalRepairedUnderHerdControl(t *testing.T) {
 	}
 
 	logs.wait(t, "all pull slots are busy; waiting")
-	if present(t, refs[0]) {
-		t.Error("the image was pulled again while the only slot was another node's")
+	if ok, err := n.HasImage(ctx, refs[0]); ok || err != nil {
+		t.Errorf("the image was pulled again while the only slot was another node's (%v)", err)
 	}
 	slot.Spec.HolderIdentity, slot.Spec.AcquireTime = nil, nil
 	if _, err := leases.Update(ctx, slot, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitNode(t, "labeled succeeded again", time.Minute, labeled(instance, "succeeded", ""))
-	if !present(t, refs[0]) {
-		t.Error("the label is succeeded again, but the image is not there")
+	if ok, err := n.HasImage(ctx, refs[0]); !ok || err != nil {
+		t.Errorf("the label is succeeded again, but the image is not there (%v)", err)
 	}
 	logs.wait(t, "acquired pull slot")
-}
-
-// present reports whether the node's runtime has ref.
-func present(t *testing.T, ref string) bool {
-	t.Helper()
-	cri, err := c.Nodes()[0].CRI()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cri.Close()
-	resp, err := cri.Images.ImageStatus(context.Background(), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.GetImage() != nil
 }
 
 // podLog follows one container's log from now on.

@@ -35,7 +35,7 @@ func BenchmarkTimeToLabel(b *testing.B) {
 	for i := range refs {
 		refs[i] = fmt.Sprintf("bench-%d", i)
 	}
-	refs = push(b, 1000, 1<<20, refs...)
+	refs = c.PushData(b, 1000, 1<<20, refs...)
 	dir := b.TempDir()
 	listFile := filepath.Join(dir, "images.txt")
 	if err := os.WriteFile(listFile, []byte(strings.Join(refs, "\n")+"\n"), 0o644); err != nil {

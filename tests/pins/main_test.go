@@ -36,7 +36,6 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
-	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 )
 
 const labelDomain = "image-prefetcher.stackrox.io/"
@@ -71,23 +70,6 @@ func gcOptions(rt cluster.Runtime) cluster.Options {
 			// 0 would mean the default, 2m.
 			"imageMinimumGCAge": "1s",
 		},
-	}
-}
-
-// deploy renders an ImagePrefetcher of that name, in a namespace of the
-// same name (spec is YAML under spec:, besides agent.image), through the
-// real kustomize and function, and applies it.
-func deploy(t *testing.T, name, spec string) {
-	t.Helper()
-	p := cluster.Prefetcher{Name: name, Namespace: name, AgentImage: c.AgentImage(t), Spec: spec}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	manifests, err := p.Render(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
-		t.Fatalf("apply: %v", err)
 	}
 }
 
@@ -188,26 +170,6 @@ func waitSummary(t *testing.T, instance, want string, timeout time.Duration, ok 
 		t.Fatal(err)
 	}
 	return s
-}
-
-// push pushes data images of size bytes as e2e/<name>:v1 and returns how
-// pods name them (ghcr.io, which the node sends to the run's registry).
-func push(t testing.TB, seed int64, size int64, names ...string) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var refs []string
-	for i, n := range names {
-		img, err := ociimage.Data(seed+int64(i), size)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Push(ctx, img, "e2e/"+n+":v1"); err != nil {
-			t.Fatal(err)
-		}
-		refs = append(refs, "ghcr.io/e2e/"+n+":v1")
-	}
-	return refs
 }
 
 func list(refs ...string) string {

@@ -21,8 +21,8 @@ import (
 // imageMinimumGCAge), and would evict any other pod.
 func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	rt := node(t)
-	refs := push(t, 900, 4<<20, "gc-a", "gc-b")
-	deploy(t, "gc", list(refs...)+"  pin:\n    budget: 64Mi\n  priorityClassName: system-node-critical\n")
+	refs := c.PushData(t, 900, 4<<20, "gc-a", "gc-b")
+	c.Deploy(t, "gc", list(refs...)+"  pin:\n    budget: 64Mi\n  priorityClassName: system-node-critical\n")
 	s := waitSummary(t, "gc", "succeeded", 3*time.Minute, func(s label.Summary) bool { return s.Pins != nil && s.Pins.Images == 2 })
 	if p := s.Pins; p.Bytes < 2*(4<<20) || p.BudgetBytes != 64<<20 || len(p.NotPinned) != 0 || p.Unsupported != "" {
 		t.Errorf("pins %+v: want both images, at least their 8 MiB of layers, within 64 MiB", p)
@@ -31,7 +31,7 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 		rt.pinned(t, r, true)
 	}
 
-	unlisted := push(t, 950, 48<<20, "gc-unlisted")[0]
+	unlisted := c.PushData(t, 950, 48<<20, "gc-unlisted")[0]
 	labels := nodeLabels(t, labelDomain+"gc")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -79,13 +79,13 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 // pins and the sandbox image's own pin survive both.
 func TestPinsFollowTheList(t *testing.T) {
 	rt := node(t)
-	refs := push(t, 800, 1<<20, "pins-a", "pins-b")
+	refs := c.PushData(t, 800, 1<<20, "pins-a", "pins-b")
 	a, b := refs[0], refs[1]
 	// Budgets in bytes: a share needs the image filesystem's capacity,
 	// which the agent reads through a mount of the harness's own path.
 	budget := "  pin:\n    budget: 64Mi\n"
-	deploy(t, "pins-one", list(a, b, cluster.PauseImage)+budget)
-	deploy(t, "pins-two", list(b)+budget)
+	c.Deploy(t, "pins-one", list(a, b, cluster.PauseImage)+budget)
+	c.Deploy(t, "pins-two", list(b)+budget)
 	allPinned := func(s label.Summary) bool { return s.Pins != nil && s.Pins.Images == s.Total }
 	waitSummary(t, "pins-one", "succeeded", 3*time.Minute, allPinned)
 	waitSummary(t, "pins-two", "succeeded", 3*time.Minute, allPinned)
@@ -103,7 +103,7 @@ func TestPinsFollowTheList(t *testing.T) {
 	}
 
 	// a and the sandbox image leave the list of pins-one.
-	deploy(t, "pins-one", list(b)+budget)
+	c.Deploy(t, "pins-one", list(b)+budget)
 	waitSummary(t, "pins-one", "succeeded", 3*time.Minute, func(s label.Summary) bool { return s.Total == 1 && s.Pins != nil && s.Pins.Images == 1 })
 	rt.pinned(t, a, false)
 	rt.pinned(t, b, true)

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
@@ -48,45 +46,6 @@ func smallNode(t *testing.T, purpose string, rt cluster.Runtime) *node {
 	return n
 }
 
-// storeUsage is the image store's capacity and used bytes, as the kubelet
-// counts them (blocks reserved for root count as used).
-func storeUsage(n *node) (capacity, used uint64, err error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(n.node.InNode(n.node.ImageStore()), &st); err != nil {
-		return 0, 0, fmt.Errorf("statfs of %s's image store: %w", n.node.Name, err)
-	}
-	capacity = st.Blocks * uint64(st.Bsize)
-	return capacity, capacity - st.Bavail*uint64(st.Bsize), nil
-}
-
-// peakUsage samples the image store every 5 ms until stop is called, and
-// returns the highest use it saw.
-func peakUsage(t *testing.T, n *node) (stop func() uint64) {
-	t.Helper()
-	done := make(chan struct{})
-	peak := make(chan uint64, 1)
-	go func() {
-		var max uint64
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if _, used, err := storeUsage(n); err == nil && used > max {
-				max = used
-			}
-			select {
-			case <-done:
-				peak <- max
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return func() uint64 {
-		close(done)
-		return <-peak
-	}
-}
-
 // TestDiskFull runs the agent's fetch on a node whose image store (a
 // 128 MiB tmpfs) cannot hold the list, on each runtime: the node is labeled
 // failed, with InsufficientDisk for every image that is not there, within
@@ -108,13 +67,13 @@ func TestDiskFull(t *testing.T) {
 			pushLayers(ctx, t, repo+":v1", int64(200+i), 4<<20)
 			list = append(list, n.ref(fmt.Sprintf("big-%d", i), "v1"))
 		}
-		capacity, before, err := storeUsage(n)
+		capacity, before, err := n.node.ImageStoreUsage()
 		if err != nil {
 			t.Fatal(err)
 		}
 		limit := capacity / 100 * 80
 		t.Logf("%s: image store %d MiB, %d MiB used before, ceiling %d MiB", rt, capacity>>20, before>>20, limit>>20)
-		stop := peakUsage(t, n)
+		stop := n.node.PeakImageStoreUse()
 		res := runAgentIn(ctx, t, n, "disk-full", list, []string{"--disk-ceiling-percent=80"})
 		peak := stop()
 		t.Logf("%s: label %s after %s, %d of %d images present, peak use %.1f MiB of the %.1f MiB ceiling", rt, res.label, res.elapsed.Round(100*time.Millisecond), res.summary.Present, images, float64(peak)/(1<<20), float64(limit)/(1<<20))

@@ -6,14 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
@@ -51,7 +48,7 @@ func TestRemovalNoticed(t *testing.T) {
 		key := labelDomain + instance
 		logs := startWatch(ctx, t, n, proxy.Socket, instance, ref)
 
-		if _, err := c.WaitNode(ctx, n.node.Name, labelIs(key, "succeeded", "")); err != nil {
+		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
 			t.Fatalf("first check: %v\n%s", err, logs)
 		}
 		before := proxy.Calls()
@@ -66,7 +63,7 @@ func TestRemovalNoticed(t *testing.T) {
 
 		removeImage(ctx, t, n, ref)
 		removed := time.Now()
-		if _, err := c.WaitNode(ctx, n.node.Name, labelIs(key, "failed", "Removed")); err != nil {
+		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "failed", "Removed")); err != nil {
 			t.Fatalf("removal not noticed: %v\n%s", err, logs)
 		}
 		if d := time.Since(removed); d > removalBound {
@@ -74,11 +71,11 @@ func TestRemovalNoticed(t *testing.T) {
 		} else {
 			t.Logf("%s: labeled Removed %s after the removal", n.rt, d.Round(100*time.Millisecond))
 		}
-		if _, err := c.WaitNode(ctx, n.node.Name, labelIs(key, "succeeded", "")); err != nil {
+		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
 			t.Fatalf("not repaired: %v\n%s", err, logs)
 		}
-		if !present(ctx, t, n, ref) {
-			t.Error("the label is succeeded again, but the image is not there")
+		if ok, err := n.node.HasImage(ctx, ref); !ok || err != nil {
+			t.Errorf("the label is succeeded again, but the image is not there (%v)", err)
 		}
 
 		if n.rt == cluster.CRIO {
@@ -88,7 +85,7 @@ func TestRemovalNoticed(t *testing.T) {
 			t.Fatal(err)
 		}
 		back := time.Now()
-		if _, err := c.WaitNode(ctx, n.node.Name, labelIs(key, "failed", "Removed")); err != nil {
+		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "failed", "Removed")); err != nil {
 			t.Fatalf("wipe not noticed: %v\n%s", err, logs)
 		}
 		if d := time.Since(back); d > removalBound {
@@ -96,38 +93,15 @@ func TestRemovalNoticed(t *testing.T) {
 		} else {
 			t.Logf("%s: labeled Removed %s after the wiped runtime returned", n.rt, d.Round(100*time.Millisecond))
 		}
-		if _, err := c.WaitNode(ctx, n.node.Name, labelIs(key, "succeeded", "")); err != nil {
+		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
 			t.Fatalf("not repaired after the wipe: %v\n%s", err, logs)
 		}
 	})
 }
 
-// labelIs holds when key's label is value and, unless reason is empty,
-// some image of its annotation failed with reason.
-func labelIs(key, value, reason string) func(*corev1.Node) bool {
-	return func(node *corev1.Node) bool {
-		if node.Labels[key] != value {
-			return false
-		}
-		if reason == "" {
-			return true
-		}
-		s, err := label.Parse(node.Annotations[key])
-		if err != nil {
-			return false
-		}
-		for _, f := range s.Failed {
-			if f.Reason == reason {
-				return true
-			}
-		}
-		return false
-	}
-}
-
 // startWatch runs `image-prefetcher watch` for images on n through socket
-// until the test ends, and returns its log.
-func startWatch(ctx context.Context, t *testing.T, n *node, socket, instance string, images ...string) *syncBuffer {
+// until the test ends, and returns the file of its log.
+func startWatch(ctx context.Context, t *testing.T, n *node, socket, instance string, images ...string) logFile {
 	t.Helper()
 	list := filepath.Join(t.TempDir(), "images.txt")
 	var b bytes.Buffer
@@ -147,8 +121,13 @@ func startWatch(ctx context.Context, t *testing.T, n *node, socket, instance str
 		"--image-list-file="+list,
 		"--refresh-interval=10m",
 		"--log-format=json")
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
+	logs := logFile(filepath.Join(t.TempDir(), "watch.log"))
+	f, err := os.Create(string(logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -159,22 +138,12 @@ func startWatch(ctx context.Context, t *testing.T, n *node, socket, instance str
 	return logs
 }
 
-// syncBuffer is a log written by a process and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// logFile is a process's log, read when a test fails.
+type logFile string
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+func (l logFile) String() string {
+	b, _ := os.ReadFile(string(l))
+	return string(b)
 }
 
 // removeImage removes ref with the runtime's own tool.
@@ -194,19 +163,4 @@ func removeImage(ctx context.Context, t *testing.T, n *node, ref string) {
 	if out, err := exec.CommandContext(ctx, "ctr", "--address", n.node.CRISocket, "-n", "k8s.io", "images", "rm", ref).CombinedOutput(); err != nil {
 		t.Fatalf("ctr images rm %s: %v\n%s", ref, err, out)
 	}
-}
-
-// present reports whether the runtime has ref.
-func present(ctx context.Context, t *testing.T, n *node, ref string) bool {
-	t.Helper()
-	cri, err := n.node.CRI()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cri.Close()
-	resp, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.GetImage() != nil
 }

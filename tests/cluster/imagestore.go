@@ -1,0 +1,82 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// ImageStore is the node's image store: its runtime's root directory.
+func (n *Node) ImageStore() string {
+	if n.Runtime == CRIO {
+		return filepath.Join(n.Dir, "crio", "storage")
+	}
+	return filepath.Join(n.Dir, "containerd")
+}
+
+// imageStoreMount is the holder's command that puts the runtime's root on
+// a tmpfs of imageStoreBytes, or nothing.
+func (n *Node) imageStoreMount() string {
+	if n.imageStoreBytes <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("mkdir -p %[1]q\nmount -t tmpfs -o size=%[2]d,mode=711 ipf-image-store %[1]q", n.ImageStore(), n.imageStoreBytes)
+}
+
+// ImageStoreUsage is the image store's capacity and used bytes, counted as
+// the kubelet counts them (blocks reserved for root are used), read in the
+// node's mount namespace, where its tmpfs is.
+func (n *Node) ImageStoreUsage() (capacity, used uint64, err error) {
+	var st unix.Statfs_t
+	path := filepath.Join(fmt.Sprintf("/proc/%d/root", n.holderPID), n.ImageStore())
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, 0, fmt.Errorf("statfs of %s's image store: %w", n.Name, err)
+	}
+	bs := uint64(st.Bsize)
+	return st.Blocks * bs, (st.Blocks - st.Bavail) * bs, nil
+}
+
+// PeakImageStoreUse samples the image store every 5 ms until stop is
+// called, and returns the highest use it saw.
+func (n *Node) PeakImageStoreUse() (stop func() uint64) {
+	done := make(chan struct{})
+	peak := make(chan uint64, 1)
+	go func() {
+		var max uint64
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if _, used, err := n.ImageStoreUsage(); err == nil && used > max {
+				max = used
+			}
+			select {
+			case <-done:
+				peak <- max
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		return <-peak
+	}
+}
+
+// HasImage reports whether the node's runtime has ref, through its CRI.
+func (n *Node) HasImage(ctx context.Context, ref string) (bool, error) {
+	cri, err := n.CRI()
+	if err != nil {
+		return false, err
+	}
+	defer cri.Close()
+	resp, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	if err != nil {
+		return false, fmt.Errorf("%s: ImageStatus %s: %w", n.Name, ref, err)
+	}
+	return resp.GetImage() != nil, nil
+}
