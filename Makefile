@@ -141,9 +141,15 @@ unit:
 # something they need is missing.
 # oci: the cluster smoke test pulls the out/oci layouts through a node's
 # containerd, so they must be the ones of this build.
+# Each package starts its own cluster in a network namespace of its own, and
+# most of their time is waiting on kubelets and runtimes: E2E_PARALLEL
+# packages run side by side, the longest first (docs/testing.md).
+E2E_PARALLEL ?= 3
+E2E_FIRST    := e2e conformance slots runtimes interact examples pins readiness
+E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./tests/,$(E2E_FIRST)),$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}./{{slice .ImportPath (len "$(MODULE)/")}}{{end}}' ./tests/...))
 e2e: build tools host-deps kube runtimes oci
-	@echo ">> tests against real components"
-	go test -p 1 -timeout 60m -v ./tests/...
+	@echo ">> tests against real components, $(E2E_PARALLEL) packages at a time"
+	go test -p $(E2E_PARALLEL) -timeout 60m -v $(E2E_PKGS)
 
 ## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------
 # Herd control against a simulated cluster: a real kube-apiserver, many
