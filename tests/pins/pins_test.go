@@ -2,12 +2,18 @@ package pins_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/cli"
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
@@ -15,28 +21,46 @@ import (
 
 // The prefetched images survive a GC pass that provably ran: the kubelet
 // removes an unlisted image nobody uses in the same passes, and the label
-// says succeeded throughout. The agent runs at system-node-critical
-// priority, which the eviction manager never evicts: its first pass under
-// pressure only sees the unlisted image for the first time (too young for
-// imageMinimumGCAge), and would evict any other pod.
+// says succeeded throughout. A pod that then runs a prefetched image finds
+// it on the node, and status --hits counts that hit. The agent runs at
+// system-node-critical priority, which the eviction manager never evicts:
+// its first pass under pressure only sees the unlisted image for the first
+// time (too young for imageMinimumGCAge), and would evict any other pod.
+//
+// The pin budget is the default, a share of the image filesystem: the
+// agent reads its capacity through the read-only mount the function
+// renders from spec.disk.imageFilesystem (the node's containerd root).
 func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	rt := node(t)
+	n := c.Nodes()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	refs := c.PushData(t, 900, 4<<20, "gc-a", "gc-b")
-	c.Deploy(t, "gc", list(refs...)+"  pin:\n    budget: 64Mi\n  priorityClassName: system-node-critical\n")
-	s := waitSummary(t, "gc", "succeeded", 3*time.Minute, func(s label.Summary) bool { return s.Pins != nil && s.Pins.Images == 2 })
-	if p := s.Pins; p.Bytes < 2*(4<<20) || p.BudgetBytes != 64<<20 || len(p.NotPinned) != 0 || p.Unsupported != "" {
-		t.Errorf("pins %+v: want both images, at least their 8 MiB of layers, within 64 MiB", p)
+	// The pod after the GC pass runs this one.
+	if err := c.PushPause(ctx, "e2e/gc-run:v1", "64000:64000"); err != nil {
+		t.Fatal(err)
 	}
+	run := "ghcr.io/e2e/gc-run:v1"
+	refs = append(refs, run)
+	c.Deploy(t, "gc", list(refs...)+"  disk:\n    imageFilesystem: "+n.ImageStore()+"\n  priorityClassName: system-node-critical\n")
+	s := waitSummary(t, "gc", "succeeded", 3*time.Minute, func(s label.Summary) bool { return s.Pins != nil && s.Pins.Images == len(refs) })
+	capacity, _, err := n.ImageStoreUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := capacity / 100 * 25
+	if p := s.Pins; p.Bytes < 2*(4<<20) || p.BudgetBytes != budget || len(p.NotPinned) != 0 || p.Unsupported != "" || p.Error != "" {
+		t.Errorf("pins %+v: want all %d images, at least their 8 MiB of layers, within the default budget of %d bytes (25%% of the %d-byte image filesystem)", p, len(refs), budget, capacity)
+	}
+	statusShowsBudget(ctx, t, "gc", budget)
 	for _, r := range refs {
 		rt.pinned(t, r, true)
 	}
 
 	unlisted := c.PushData(t, 950, 48<<20, "gc-unlisted")[0]
 	labels := nodeLabels(t, labelDomain+"gc")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	start := time.Now()
-	if err := c.Nodes()[0].Pull(ctx, unlisted); err != nil {
+	if err := n.Pull(ctx, unlisted); err != nil {
 		t.Fatal(err)
 	}
 	unlistedID := rt.status(t, unlisted).GetId()
@@ -50,12 +74,9 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	for _, r := range refs {
 		rt.pinned(t, r, true)
 	}
-	if seen := labels(); strings.Join(seen, ",") != "succeeded" {
-		t.Errorf("the label took the values %v during GC, want succeeded throughout", seen)
-	}
 
 	// The kubelet's own account: each pass, and each image it removed.
-	log, err := os.ReadFile(filepath.Join(c.Dir, "logs", c.Nodes()[0].Name+"-kubelet.log"))
+	log, err := os.ReadFile(filepath.Join(c.Dir, "logs", n.Name+"-kubelet.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +93,66 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 		t.Errorf("the kubelet removed %q, want only the unlisted image %s", removed, unlistedID)
 	}
 	t.Logf("%d image GC passes under imagefs pressure; removed: %s", passes, unlistedID)
+
+	// A pod that selects the label, as users schedule, once the kubelet
+	// admits pods again (no DiskPressure).
+	if _, err := c.WaitNode(ctx, n.Name, func(n *corev1.Node) bool { return !condition(n, corev1.NodeDiskPressure) }); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateNamespace(ctx, "gc-apps"); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "after-gc", Namespace: "gc-apps", Labels: map[string]string{"app": "after-gc"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{labelDomain + "gc": "succeeded"},
+			Containers:   []corev1.Container{{Name: "app", Image: run, ImagePullPolicy: corev1.PullIfNotPresent}},
+		},
+	}
+	if _, err := cs.CoreV1().Pods("gc-apps").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitPodsRunning(ctx, "gc-apps", "app=after-gc", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitEvent(ctx, cs, "gc-apps", "after-gc", "Pulled"); err != nil {
+		t.Fatal(err)
+	}
+	v := statusHits(ctx, t, c, "gc")
+	if len(v.Nodes) != 1 || v.Nodes[0].Node != n.Name || v.Hits != 1 || v.Misses != 0 || v.NotCounted != 0 ||
+		len(v.Nodes[0].Pulls) != 1 || v.Nodes[0].Pulls[0].Pod != "gc-apps/after-gc" || v.Nodes[0].Pulls[0].Image != run {
+		t.Errorf("status --hits: %+v, want the one hit of gc-apps/after-gc on %s", v, n.Name)
+	}
+	if seen := labels(); strings.Join(seen, ",") != "succeeded" {
+		t.Errorf("the label took the values %v from the unlisted pull to the hit, want succeeded throughout", seen)
+	}
+}
+
+// statusShowsBudget asserts that status shows the budget the node's agent
+// computed, in bytes (-o json) and in the table.
+func statusShowsBudget(ctx context.Context, t *testing.T, instance string, budget uint64) {
+	t.Helper()
+	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "-o", "json", "--kubeconfig", c.Kubeconfig, "--instance", instance).Output()
+	if err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	var rows []cli.NodeStatus
+	if err := json.Unmarshal(out, &rows); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	if len(rows) != 1 || len(rows[0].Instances) != 1 || rows[0].Instances[0].Summary == nil || rows[0].Instances[0].Summary.Pins == nil ||
+		rows[0].Instances[0].Summary.Pins.BudgetBytes != budget {
+		t.Errorf("status -o json does not show the budget of %d bytes:\n%s", budget, out)
+	}
+	out, err = c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", instance).CombinedOutput()
+	if want := " of " + disk.Bytes(budget); err != nil || !strings.Contains(string(out), want) {
+		t.Errorf("status (%v) does not show %q:\n%s", err, want, out)
+	}
+	t.Logf("status:\n%s", out)
 }
 
 // Pins follow the list: a list change unpins what left it, and

@@ -154,23 +154,34 @@ func TestUnpinnableImageIsCollected(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out, err = u.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--hits", "-o", "json", "--kubeconfig", u.Kubeconfig, "--instance", name).Output()
-	if err != nil {
-		t.Fatalf("status --hits: %v\n%s", err, out)
-	}
-	var r hits.Report
-	if err := json.Unmarshal(out, &r); err != nil || len(r.Instances) != 1 || len(r.Instances[0].Nodes) != 1 {
-		t.Fatalf("%v\n%s", err, out)
+	v := statusHits(ctx, t, u, name)
+	if len(v.Nodes) != 1 {
+		t.Fatalf("status --hits: %+v, want the one node", v)
 	}
 	var got []string
-	for _, p := range r.Instances[0].Nodes[0].Pulls {
+	for _, p := range v.Nodes[0].Pulls {
 		got = append(got, fmt.Sprintf("%s hit=%v label=%s", p.Pod, p.Hit, p.Label))
 	}
 	// The pull started while the label said failed; in the very second of
 	// the repair, the view cannot tell (unknown). Either way, not counted.
 	if want := []string{"apps/late hit=false label=failed", "apps/late hit=false label=unknown"}; len(got) != 1 || !slices.Contains(want, got[0]) {
-		t.Errorf("pulls %q, want one of %q:\n%s", got, want, out)
+		t.Errorf("pulls %q, want one of %q: %+v", got, want, v)
 	}
+}
+
+// statusHits is the instance's view in `status --hits -o json`, read with
+// the user's kubeconfig.
+func statusHits(ctx context.Context, t *testing.T, u *cluster.Cluster, instance string) hits.Instance {
+	t.Helper()
+	out, err := u.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--hits", "-o", "json", "--kubeconfig", u.Kubeconfig, "--instance", instance).Output()
+	if err != nil {
+		t.Fatalf("status --hits: %v\n%s", err, out)
+	}
+	var r hits.Report
+	if err := json.Unmarshal(out, &r); err != nil || len(r.Instances) != 1 {
+		t.Fatalf("status --hits -o json: %v\n%s", err, out)
+	}
+	return r.Instances[0]
 }
 
 // kubeletRemoved is when the kubelet's log says it removed the image id
