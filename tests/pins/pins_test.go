@@ -70,7 +70,8 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 		c.DumpLogs(t)
 		t.Fatal(err)
 	}
-	t.Logf("the kubelet removed the unlisted image %.1fs after its pull", time.Since(start).Seconds())
+	removedAt := time.Now()
+	t.Logf("the kubelet removed the unlisted image %.1fs after its pull", removedAt.Sub(start).Seconds())
 	for _, r := range refs {
 		rt.pinned(t, r, true)
 	}
@@ -99,6 +100,7 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	if _, err := c.WaitNode(ctx, n.Name, func(n *corev1.Node) bool { return !condition(n, corev1.NodeDiskPressure) }); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("DiskPressure cleared %.1fs after the removal", time.Since(removedAt).Seconds())
 	cs, err := c.Clientset()
 	if err != nil {
 		t.Fatal(err)
@@ -122,6 +124,7 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	if err := waitEvent(ctx, cs, "gc-apps", "after-gc", "Pulled"); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the pod's image was there %.1fs after the removal", time.Since(removedAt).Seconds())
 	v := statusHits(ctx, t, c, "gc")
 	if len(v.Nodes) != 1 || v.Nodes[0].Node != n.Name || v.Hits != 1 || v.Misses != 0 || v.NotCounted != 0 ||
 		len(v.Nodes[0].Pulls) != 1 || v.Nodes[0].Pulls[0].Pod != "gc-apps/after-gc" || v.Nodes[0].Pulls[0].Image != run {
