@@ -29,6 +29,10 @@ func pinCell(s *label.Summary) string {
 	if p.Unsupported != "" {
 		return "pinning unsupported"
 	}
+	if p.Error != "" && p.BudgetBytes == 0 && p.Images == 0 {
+		// Nothing was counted (the budget is unknown, say): no figures.
+		return "error: " + p.Error
+	}
 	cell := fmt.Sprintf("%d, %s of %s", p.Images, disk.Bytes(p.Bytes), disk.Bytes(p.BudgetBytes))
 	if n := len(p.NotPinned) + p.OmittedNotPinned; n > 0 {
 		cell += fmt.Sprintf(", %d not pinned", n)
