@@ -16,10 +16,9 @@ import (
 var errNotHolder = errors.New("the Lease names another holder:")
 
 // Holding is one held slot. It renews the Lease in the background until
-// Release. If renewing fails for two thirds of the lease duration it stops
-// counting itself as the holder (Lost is closed, the reason is logged),
-// because by the time the full duration has passed another node may take
-// the slot.
+// Release. A renewal that fails for two thirds of the lease duration loses
+// the slot (Lost is closed): after the full duration, another node may
+// take it.
 type Holding struct {
 	g    *Gate
 	id   string
@@ -56,25 +55,19 @@ func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slo
 // renewInterval is how often a holder renews.
 func (g *Gate) renewInterval() time.Duration { return g.cfg.LeaseDuration / 3 }
 
-// renewDeadline is how long after the start of its last successful write a
-// holder still counts itself as holder. Others may take the slot only a
-// full lease duration after they saw that write, which is later; the gap
-// absorbs clock-rate differences and a slow final write.
+// renewDeadline is how long after sending its last successful write a
+// holder still counts itself as holder. Others may take the slot a full
+// lease duration after they saw that write; the gap absorbs clock-rate
+// differences and a slow final write.
 func (g *Gate) renewDeadline() time.Duration { return g.cfg.LeaseDuration * 2 / 3 }
 
-// Name is the slot's Lease name.
-func (h *Holding) Name() string { return SlotName(h.g.cfg.Instance, h.slot) }
-
-// Slot is the slot's index, 0 .. K-1.
-func (h *Holding) Slot() int { return h.slot }
-
-// Identity is the holderIdentity written to the Lease.
-func (h *Holding) Identity() string { return h.id }
-
-// Seed reports whether this node took its slot as a seed.
-func (h *Holding) Seed() bool { return h.seed }
-
-// Lost is closed when the slot is lost while held (not on Release).
+// Name, Slot, Identity and Seed are the slot's Lease name and index
+// (0 .. K-1), the holderIdentity written to it, and whether this node took
+// it as a seed. Lost is closed when the slot is lost while held.
+func (h *Holding) Name() string          { return SlotName(h.g.cfg.Instance, h.slot) }
+func (h *Holding) Slot() int             { return h.slot }
+func (h *Holding) Identity() string      { return h.id }
+func (h *Holding) Seed() bool            { return h.seed }
 func (h *Holding) Lost() <-chan struct{} { return h.lost }
 
 // renewLoop renews every third of the lease duration. A renewal that
@@ -116,15 +109,14 @@ func (h *Holding) markLost(err error) {
 		"slot", h.Name(), "holder", h.id, "err", err)
 }
 
-// Release gives the slot back: a seed whose pull ended first records that
-// it has finished, then the holder field is cleared so that a waiter can
-// take the slot at once. A seed whose slot was lost, or whose run was
-// terminated, has not finished: the next node to take a seed slot pulls
-// as a seed instead. Release uses timeouts of its own, since it usually
-// runs after the run's context is done; once the context given to Hold
-// has ended, it takes at most Config.ReleaseGrace, even if it started
-// before. Failures are logged; the slot then frees itself after the lease
-// duration. Release may be called more than once.
+// Release gives the slot back: a seed whose pull ended records that it
+// has finished, then the holder is cleared so that a waiter can take the
+// slot at once. A seed whose slot was lost or whose run was terminated has
+// not finished: the next node on a seed slot pulls as a seed. Release has
+// timeouts of its own; once the context given to Hold has ended, it takes
+// at most Config.ReleaseGrace, even if it began before. Failures are
+// logged; the slot then frees itself after the lease duration. Release may
+// be called more than once.
 func (h *Holding) Release() {
 	h.releaseOnce.Do(func() {
 		h.stop()

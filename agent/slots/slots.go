@@ -1,23 +1,20 @@
 // Package slots caps how many nodes of a cluster pull images at the same
 // time. It hands out K slots, each a coordination.k8s.io/v1 Lease named
-// <instance>-slot-<i> in the agent's namespace, and nothing else: the
-// agent may create Leases and get, update and delete those K names; it
-// may list and watch Leases of its namespace to wait (wait.go).
+// <instance>-slot-<i> in the agent's namespace: the agent may create
+// Leases and get, update and delete those K names, and list and watch the
+// Leases of its namespace to wait (wait.go).
 //
-// Taking a slot is an optimistic write: a create for a slot that does not
-// exist yet, or an update that carries the resourceVersion we last saw.
-// When two nodes race, the apiserver accepts one write and answers the
-// other with a conflict, so a slot never has two holders. The holder renews
-// while it pulls and clears the holder field when it is done (holding.go).
-// A holder that dies stops renewing; other nodes take its slot once they
-// have seen the Lease unchanged for its leaseDurationSeconds, measured on
-// their own clock (as client-go's leader election does), so clock skew
-// between nodes cannot make a live holder look expired.
+// Taking a slot is an optimistic write: a create, or an update that
+// carries the resourceVersion last seen, so that of two racing nodes the
+// apiserver accepts one. The holder renews while it pulls and clears the
+// holder when done (holding.go). A holder that dies stops renewing; others
+// take its slot once they have seen its Lease unchanged for its
+// leaseDurationSeconds on their own clock, as client-go's leader election
+// does, so that clock skew cannot make a live holder look dead.
 //
 // Seed mode lets the first N nodes pull alone: until a seed has finished,
-// only slots 0..N-1 may be taken. A seed that finishes records that on the
-// slot-0 Lease (annotation SeededAnnotation); from then on all K slots are
-// open.
+// only slots 0..N-1 may be taken. A seed that finishes records it on the
+// slot-0 Lease (SeededAnnotation); then all K slots are open.
 package slots
 
 import (
@@ -75,11 +72,9 @@ type Config struct {
 	Namespace string
 	// Instance names the slots: <Instance>-slot-0 .. <Instance>-slot-(Slots-1).
 	Instance string
-	// Slots is K, the number of nodes that may pull at once. At least 1.
-	Slots int
-	// SeedNodes is N: until one seed has finished, only N nodes pull. 0
-	// turns seed mode off. N >= Slots makes it a no-op.
-	SeedNodes int
+	// Slots is K, the number of nodes that may pull at once; SeedNodes is
+	// N, how many pull until one seed has finished (0: no seed mode).
+	Slots, SeedNodes int
 	// SeedKey names what is being seeded, for example a digest of the image
 	// list: a finished seed opens the gate only for nodes with the same key,
 	// so a new list is seeded again. Empty means "any seed counts".
@@ -87,24 +82,18 @@ type Config struct {
 	// Identity names this agent in holderIdentity, usually the pod name;
 	// each Hold appends a random suffix, so two holds never share a name.
 	Identity string
-	// LeaseDuration is written to leaseDurationSeconds (whole seconds,
-	// rounded up). The holder renews every third of it and stops counting
-	// itself as holder when two thirds pass without a renewal. Default
-	// DefaultLeaseDuration.
+	// LeaseDuration is written to leaseDurationSeconds, in whole seconds
+	// rounded up. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
 	// Herd is how many nodes may wait for a slot at once, at most: the
 	// DaemonSet's desiredNumberScheduled. It sizes the waiters' first
 	// window (wait.go); 0 means unknown.
 	Herd int
 	// ReleaseGrace bounds a release once the context given to Hold has
-	// ended, a release already in flight included. Default
-	// DefaultReleaseGrace.
-	ReleaseGrace time.Duration
-	// CallTimeout bounds each API call. Default DefaultCallTimeout.
-	CallTimeout time.Duration
-	// ForbiddenFor is how long the API may refuse every slot (or the list)
-	// before the wait ends with an error. Default DefaultForbiddenFor.
-	ForbiddenFor time.Duration
+	// ended, a release already in flight included; CallTimeout bounds each
+	// API call; ForbiddenFor is how long the API may refuse every slot (or
+	// the list) before the wait ends with an error. Defaults Default*.
+	ReleaseGrace, CallTimeout, ForbiddenFor time.Duration
 	// Logger receives progress and problems. Default slog.Default().
 	Logger *slog.Logger
 }

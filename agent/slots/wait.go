@@ -1,6 +1,7 @@
 package slots
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
@@ -18,20 +19,26 @@ import (
 //
 // Every waiter sees a freed slot at once. So that they do not all write,
 // each waits a random delay and keeps reading the watch: the first write
-// reaches the others before their delays end. The delays are exponential,
+// reaches the others before their delays end. The delay is exponential
 // with a mean of window ÷ F while F slots are free, so that a waiter
-// writes at F ÷ window per second whatever it saw before: being
-// memoryless, a delay is drawn again whenever F or the window changes. With
-// W waiters on windows of W × pace, the first write comes about pace after
-// a release, and a second one within the write's latency L of it (a lost
-// race) about L ÷ pace times per hand-over. So the window starts at pace ×
-// Config.Herd. Two rules follow the herd as it changes:
-//   - a lost race or a failed write (timeout, 5xx, 429) doubles the
-//     window, and a failed write holds this waiter's next write back, 1 s
-//     doubling to 30 s: an apiserver in trouble gets fewer writes;
-//   - a slot seen free for stallFactor × pace without a take halves the
-//     window: most of the herd is gone (its nodes took slots, or left),
-//     and the last ones must not wait out a crowd's window.
+// writes at F ÷ window per second; having no memory, it is drawn again
+// whenever F or the window changes. With W waiters on windows of W × pace,
+// the first write comes about pace after a release, and another within
+// its latency L (a lost race) about L ÷ pace times per hand-over. So the
+// window is pace × the nodes counted as waiting: Config.Herd at first,
+// one fewer for every take seen. A hand-over must stay well under a pull:
+// at K = 10 make scale's pulls take 1 s, and its registry idles once half
+// the slots do. Two rules correct the count:
+//   - a lost race or a failed write (a timeout, a 5xx, a 429) doubles the
+//     window, and a failed write holds the next one back, 1 s doubling to
+//     30 s: an apiserver in trouble gets fewer writes;
+//   - a slot seen free for stallFactor × pace while no node took any
+//     halves it: fewer nodes wait than counted (some had every image, or
+//     left), and the last ones must not wait out a crowd's window. Not
+//     while takes go on elsewhere, nor within 30 s of a failed call or a
+//     lost race: a slot also stays free while the apiserver queues or
+//     fails the writes, and halving then sends more (at 1,000 nodes that
+//     fed a storm of 250 conflicts a second).
 //
 // A held slot whose Lease stays unchanged for its duration since this
 // waiter saw it change is free, by a timer. Each watch ends after a random
@@ -40,16 +47,15 @@ import (
 const (
 	// pace: with the take latency of a busy apiserver (100-200 ms at
 	// 1,000 nodes), well under one lost race per hand-over.
-	pace        = 400 * time.Millisecond
-	stallFactor = 5
+	pace        = 300 * time.Millisecond
+	stallFactor = 16
 	// unknownHerd sizes the first window when the herd is unknown.
 	unknownHerd = 10
 	minWindow   = 10 * time.Millisecond
 	maxWindow   = 30 * time.Minute
-	// The pauses after a failed API call.
-	minRetry = time.Second
-	maxRetry = 30 * time.Second
-	resync   = 5 * time.Minute
+	minRetry    = time.Second // the pauses after a failed API call
+	maxRetry    = 30 * time.Second
+	resync      = 5 * time.Minute
 )
 
 // absent is the version a lost race records for a slot with no Lease.
@@ -57,27 +63,30 @@ const absent = "absent"
 
 // waiter is the state of one Hold.
 type waiter struct {
-	g     *Gate
-	ctx   context.Context
-	id    string
-	names []string
-	index map[string]int // slot by Lease name
-	// leases is the latest version of every slot Lease.
-	leases map[string]*coordinationv1.Lease
+	g      *Gate
+	ctx    context.Context
+	id     string
+	names  []string
+	index  map[string]int                   // slot by Lease name
+	leases map[string]*coordinationv1.Lease // the latest version of each
 	// since is when we first saw each Lease at its current version, on
 	// our own clock: a holder is dead once its Lease stays unchanged for
 	// its duration from then. freeSince is when each free slot was seen
 	// free, or last counted as stalled.
 	since, freeSince map[string]time.Time
-	// lostAt is the version of each slot we lost a race on: tried again
-	// only once the watch shows a newer one.
+	// lostAt is the version of each slot we lost a race on, tried again
+	// once the watch shows a newer one.
 	lostAt map[string]string
 	seeded bool
+	// window is pace × left, as the rules above corrected it; left is
+	// how many nodes of the herd are counted as waiting.
 	window time.Duration
+	left   int
 	// retry is the next pause after a failed API call; no write goes out
-	// before quietUntil.
-	retry      time.Duration
-	quietUntil time.Time
+	// before quietUntil. failedAt is when a call of ours last failed or
+	// lost a race, tookAt when another node last took a slot.
+	retry                        time.Duration
+	failedAt, quietUntil, tookAt time.Time
 	// denied are the slots the API refused (Forbidden): after
 	// maxConcurrentNodes was lowered, the Role loses the higher slot names
 	// at once while old pods still count them. refusedSince is when the
@@ -88,14 +97,11 @@ type waiter struct {
 }
 
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
-	herd := g.cfg.Herd
-	if herd == 0 {
-		herd = unknownHerd
-	}
+	herd := cmp.Or(g.cfg.Herd, unknownHerd)
 	w := &waiter{
 		g: g, ctx: ctx, id: fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32()), index: map[string]int{},
 		since: map[string]time.Time{}, freeSince: map[string]time.Time{}, lostAt: map[string]string{},
-		seeded: g.cfg.SeedNodes == 0, window: clampWindow(time.Duration(herd) * g.pace),
+		seeded: g.cfg.SeedNodes == 0, window: clampWindow(time.Duration(herd) * g.pace), left: herd,
 		retry: g.retry, denied: make([]bool, g.cfg.Slots),
 	}
 	for i := range g.cfg.Slots {
@@ -121,15 +127,13 @@ func (w *waiter) wait() (*Holding, error) {
 			if h != nil || err != nil {
 				return h, err
 			}
-			lasted := g.now().Sub(started)
-			if lasted >= resync {
+			if lasted := g.now().Sub(started); lasted > time.Minute {
 				w.retry = g.retry
-				continue // the slow resync: list again at once
+				if lasted >= resync {
+					continue // the slow resync: list again at once
+				}
 			}
-			if lasted > time.Minute {
-				w.retry = g.retry
-			}
-			err = fmt.Errorf("the watch ended after %s", lasted.Round(time.Millisecond))
+			err = fmt.Errorf("the watch ended early")
 		}
 		if w.ctx.Err() != nil {
 			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
@@ -155,6 +159,7 @@ func (w *waiter) wait() (*Holding, error) {
 
 // backOff returns the pause after a failed API call, and doubles the next.
 func (w *waiter) backOff() time.Duration {
+	w.failedAt = w.g.now()
 	d := w.retry/2 + mrand.N(w.retry/2+1)
 	w.retry = min(2*w.retry, maxRetry)
 	return d
@@ -189,8 +194,7 @@ func (w *waiter) list() (watch.Interface, error) {
 		w.leases[l.Name] = l
 	}
 	for _, name := range w.names {
-		l := w.leases[name]
-		if _, ok := w.freeSince[name]; !ok && holder(l) == "" {
+		if _, ok := w.freeSince[name]; !ok && holder(w.leases[name]) == "" {
 			w.freeSince[name] = now
 		}
 	}
@@ -250,7 +254,11 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 			}
 			fireAt = time.Time{}
 			if free, _ := w.free(now); len(free) > 0 {
-				if h, err := w.take(w.pick(free)); h != nil || err != nil {
+				i := w.mine(free)
+				if i < 0 {
+					i = free[mrand.IntN(len(free))]
+				}
+				if h, err := w.take(i); h != nil || err != nil {
 					return h, err
 				}
 			}
@@ -284,8 +292,15 @@ func (w *waiter) apply(ev watch.Event) {
 		return
 	}
 	w.leases[l.Name], w.since[l.Name] = l, now
-	switch {
-	case holder(l) != "":
+	switch h := holder(l); {
+	case h != "" && h != holder(prev) && h != w.id:
+		w.tookAt = now // another node took the slot: one fewer waits
+		if w.left > 1 {
+			w.window = clampWindow(time.Duration(float64(w.window) * float64(w.left-1) / float64(w.left)))
+			w.left--
+		}
+		fallthrough
+	case h != "":
 		delete(w.freeSince, l.Name)
 	case prev == nil || holder(prev) != "":
 		w.freeSince[l.Name] = now
@@ -335,7 +350,9 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 			}
 		}
 		free = append(free, i)
-		soonest(w.freeSince[name].Add(w.stallAfter()))
+		if at, ok := w.stallAt(name); ok {
+			soonest(at)
+		}
 	}
 	return free, next
 }
@@ -349,17 +366,33 @@ func version(l *coordinationv1.Lease) string {
 
 func (w *waiter) stallAfter() time.Duration { return stallFactor * w.g.pace }
 
-// stall halves the window when a free slot has waited stallAfter for a
-// take, and counts that slot's wait from now.
+// stallAt is when a free slot counts as stalled: stallAfter after it was
+// seen free and after another node's last take. Slots not made yet never
+// do: at the start of a new instance the whole herd lists at once, and the
+// first takes come late.
+func (w *waiter) stallAt(name string) (time.Time, bool) {
+	t, ok := w.freeSince[name]
+	if !ok || w.leases[name] == nil {
+		return time.Time{}, false
+	}
+	if t.Before(w.tookAt) {
+		t = w.tookAt
+	}
+	return t.Add(w.stallAfter()), true
+}
+
+// stall halves the window when a free slot has stalled, and counts that
+// slot's wait from now; not within maxRetry of a failed call or lost race
+// of ours.
 func (w *waiter) stall(now time.Time) {
 	free, _ := w.free(now)
 	stalled := false
 	for _, i := range free {
-		if t, ok := w.freeSince[w.names[i]]; ok && !now.Before(t.Add(w.stallAfter())) {
+		if at, ok := w.stallAt(w.names[i]); ok && !now.Before(at) {
 			w.freeSince[w.names[i]], stalled = now, true
 		}
 	}
-	if stalled {
+	if stalled && now.Sub(w.failedAt) >= maxRetry {
 		w.window = clampWindow(w.window / 2)
 	}
 }
@@ -370,14 +403,6 @@ func (w *waiter) delay(free []int) time.Duration {
 		return 0
 	}
 	return time.Duration(mrand.ExpFloat64() * float64(w.window) / float64(len(free)))
-}
-
-// pick chooses the free slot to take.
-func (w *waiter) pick(free []int) int {
-	if i := w.mine(free); i >= 0 {
-		return i
-	}
-	return free[mrand.IntN(len(free))]
 }
 
 // mine is the free slot whose Lease names us, from a write whose answer
@@ -404,11 +429,8 @@ func (w *waiter) take(i int) (*Holding, error) {
 	case l == nil:
 		// RBAC cannot limit create by name, but it limits get: the read
 		// refuses a slot above a lowered maxConcurrentNodes.
-		cur, err := g.get(w.ctx, name)
-		if err == nil {
-			if cur.Labels[LabelInstance] != g.cfg.Instance || cur.Labels[LabelComponent] != LabelComponentSlot {
-				g.log.Warn("a Lease with this slot's name lacks the slot labels, so the watch never shows it; skipping it (delete that Lease)", "slot", name)
-			}
+		_, err := g.get(w.ctx, name)
+		if err == nil { // made, and not shown yet; or never, without the slot labels (made by hand)
 			err = apierrors.NewAlreadyExists(coordinationv1.Resource("leases"), name)
 		}
 		if !apierrors.IsNotFound(err) {
@@ -428,10 +450,10 @@ func (w *waiter) take(i int) (*Holding, error) {
 	return g.newHolding(w.ctx, held, i, w.id, seed, sent), nil
 }
 
-// failed handles a failed call for slot i, at version: a lost race marks
-// the slot until the watch shows it change, and any failure widens the
-// window; API trouble also holds the next write back. It returns an
-// error only when waiting cannot help.
+// failed handles a failed call for slot i, at version: any failure widens
+// the window, a lost race marks the slot until the watch shows it change,
+// API trouble holds the next write back. It returns an error only when
+// waiting cannot help.
 func (w *waiter) failed(verb string, i int, version string, err error) error {
 	g := w.g
 	switch {
@@ -440,7 +462,7 @@ func (w *waiter) failed(verb string, i int, version string, err error) error {
 	case apierrors.IsUnauthorized(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsMethodNotSupported(err):
 		return fmt.Errorf("%s Lease %s/%s: %w", verb, g.cfg.Namespace, w.names[i], err)
 	}
-	w.refusedSince = time.Time{}
+	w.refusedSince, w.failedAt = time.Time{}, g.now()
 	w.window = clampWindow(2 * w.window)
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
 		w.lostAt[w.names[i]] = version // another node wrote first

@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 )
 
 // waiters starts n Holds on g and returns their results as they come.
@@ -289,9 +290,10 @@ func TestManyWatchersNeverExceedK(t *testing.T) {
 }
 
 // The window's rules: a lost race doubles it and skips the slot until it
-// changes, a failed write doubles it and holds writes back, a stalled slot
-// halves it, each within bounds; with F slots free the delay's mean is
-// window ÷ F.
+// changes, a failed write doubles it and holds writes back, a stalled
+// slot halves it (but not right after a failed write), each within bounds; every take by
+// another node takes one node off the count; with F slots free the
+// delay's mean is window ÷ F.
 func TestWindowRules(t *testing.T) {
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 4, LeaseDuration: time.Hour, Herd: 50}, 0)
@@ -318,13 +320,25 @@ func TestWindowRules(t *testing.T) {
 	if err := w.failed("update", 1, absent, apierrors.NewServiceUnavailable("down")); err != nil || w.window != 4*time.Second || !w.quietUntil.After(now) {
 		t.Errorf("after a failed write: err %v window %v quiet until %v, want nil, 4s, a pause", err, w.window, w.quietUntil)
 	}
+	w.stall(now.Add(w.stallAfter()))
+	if w.window != 4*time.Second {
+		t.Errorf("window %v after a slot stalled right after a failed write, want 4s: the apiserver may be failing the takes", w.window)
+	}
 	for range 40 {
 		_ = w.failed("update", 0, "7", conflict)
 	}
 	if w.window != maxWindow {
 		t.Errorf("window %v, want capped at %v", w.window, maxWindow)
 	}
-	w.window = time.Second
+	w.window, w.failedAt = time.Second, time.Time{}
+	for _, name := range w.names {
+		w.freeSince[name] = now
+		if w.leases[name] == nil {
+			l := free.DeepCopy()
+			l.Name = name
+			w.leases[name] = l
+		}
+	}
 	w.stall(now.Add(w.stallAfter() - time.Nanosecond))
 	if w.window != time.Second {
 		t.Errorf("window %v before any slot stalled, want 1s", w.window)
@@ -339,6 +353,17 @@ func TestWindowRules(t *testing.T) {
 	}
 	if w.window != minWindow {
 		t.Errorf("window %v, want the floor %v", w.window, minWindow)
+	}
+	w.window, w.left = time.Second, 10
+	other := "other"
+	taken := free.DeepCopy()
+	taken.ResourceVersion, taken.Spec.HolderIdentity = "8", &other
+	w.apply(watch.Event{Type: watch.Modified, Object: taken})
+	renewed := taken.DeepCopy()
+	renewed.ResourceVersion = "9"
+	w.apply(watch.Event{Type: watch.Modified, Object: renewed})
+	if w.left != 9 || w.window != time.Second*9/10 {
+		t.Errorf("after another node's take and a renewal: %d counted waiting, window %v; want 9 and 900ms", w.left, w.window)
 	}
 	w.window = time.Second
 	var sum time.Duration
@@ -358,6 +383,8 @@ func TestWindowRules(t *testing.T) {
 // here is 30 min, the most there is.
 func TestLoneWaiterDoesNotWaitOutItsWindow(t *testing.T) {
 	f := newFakeAPI(t)
+	f.labeledSlot(t, 0)
+	f.labeledSlot(t, 1)
 	g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, Herd: 1_000_000_000}, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
