@@ -383,6 +383,9 @@ func (b *bench) startAgent(ctx context.Context, cfg Config, n *cluster.Node, ins
 		"--instance=" + instance,
 		"--image-list-file=" + b.list,
 		fmt.Sprintf("--parallelism=%d", b.opts.Parallelism),
+		// Metrics on, as a monitored cluster runs the agent: the herd
+		// control gate then goes through the metrics wrapper.
+		"--metrics-addr=127.0.0.1:0",
 	}
 	if cfg.MaxConcurrentNodes > 0 {
 		args = append(args, fmt.Sprintf("--max-concurrent-nodes=%d", cfg.MaxConcurrentNodes))

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,6 +40,28 @@ func WriteDocument(out, plotFile string, plotRef *string, d Document) error {
 func SavePlot(p *plot.Plot, w, h vg.Length, path string) error {
 	if err := p.Save(w, h, path); err != nil {
 		return fmt.Errorf("save plot %s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteJSON saves a report's numbers at path, so that a later run on other
+// code can show them beside its own (ReadJSON, the harnesses' -before).
+func WriteJSON(path string, report any) error {
+	data, err := json.MarshalIndent(report, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
+// ReadJSON reads what WriteJSON saved into report.
+func ReadJSON(path string, report any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, report); err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
 	}
 	return nil
 }

@@ -151,8 +151,15 @@ type Report struct {
 	Capacity          Capacity
 	Runs              []Run
 	Elapsed           time.Duration
+	// Load is the machine's load average (1, 5, 15 min) at the start.
+	Load string
 	// Plot is the plot's file name, relative to the report.
 	PlotFile string
+	// Before, when set, is a report of the same runs on other code, shown
+	// side by side (not saved with this one); BeforeLabel and AfterLabel
+	// name the two.
+	Before                  *Report `json:"-"`
+	BeforeLabel, AfterLabel string  `json:"-"`
 }
 
 // NeededBytes is what a run must transfer at least: the whole set to
@@ -275,7 +282,7 @@ func (r Report) Markdown() string {
 	for _, img := range r.Images {
 		w("  | `%s` | %d | %s |\n", shortRef(img.Ref), img.Layers, size(img.Bytes))
 	}
-	w("\n- **Agents:** `--parallelism=%d` images at once per node; containerd's `max_concurrent_downloads = %d` blob(s) per image, so one node fetches at most %d blobs at once (the per-node parallelism below). Every other flag keeps its default: a pull attempt is cut after 30 s (doubling up to 5 min) without a byte arriving at the node's containerd, never while bytes arrive (docs/agent.md, \"Attempt timeouts and progress\").\n", r.Parallelism, r.MaxConcurrentDownloads, r.PerNodeParallelism())
+	w("\n- **Agents:** `--parallelism=%d` images at once per node, metrics on (`--metrics-addr`); containerd's `max_concurrent_downloads = %d` blob(s) per image, so one node fetches at most %d blobs at once (the per-node parallelism below). Every other flag keeps its default: a pull attempt is cut after 30 s (doubling up to 5 min) without a byte arriving at the node's containerd, never while bytes arrive (docs/agent.md, \"Attempt timeouts and progress\").\n", r.Parallelism, r.MaxConcurrentDownloads, r.PerNodeParallelism())
 	w("- **Ideal:** the bytes every node needs ÷ the bandwidth cap, the time no schedule can beat. One node alone, uncapped, pulls at %s, so %d node(s) at a time fill the cap: that is the registry's useful concurrency.\n\n", rate(r.SingleNode), r.UsefulConcurrency)
 
 	w("## Results\n\n")
@@ -321,6 +328,9 @@ func (r Report) Markdown() string {
 		w("| %s | %s | %s | %s |\n", c.Run, c.Target, c.Value, met)
 	}
 	w("\n")
+	if r.Before != nil {
+		r.beforeAfter(w)
+	}
 
 	c := r.Capacity
 	w("## How many nodes fit\n\n")
@@ -337,6 +347,31 @@ func (r Report) Markdown() string {
 	w("- The second run starts the agents again on the same nodes; images pinned by digest are found with `ImageStatus` and never asked of the registry.\n")
 	w("- The harness only reports numbers; nothing in it asserts on time.\n")
 	return b.String()
+}
+
+// beforeAfter is the table of the runs both reports have, side by side.
+func (r Report) beforeAfter(w func(string, ...any)) {
+	w("## Before and after\n\nThe same runs, same harness, on %s (before; load average %s at its start) and on %s (after, above; load average %s), back to back. Each cell is before → after.\n\n", r.BeforeLabel, r.Before.Load, r.AfterLabel, r.Load)
+	w("| configuration | run | all labeled | ratio | peak blobs (bound) | slots | served | CPU |\n|---|---|---|---|---|---|---|---|\n")
+	for _, after := range r.Runs {
+		for _, before := range r.Before.Runs {
+			if before.Config != after.Config || before.Second != after.Second {
+				continue
+			}
+			ratio := func(rep Report, run Run) string {
+				if ideal := rep.RunIdeal(run); ideal > 0 {
+					return fmt.Sprintf("%.2f", Ratio(run.Last(), ideal))
+				}
+				return "–"
+			}
+			w("| %s | %s | %s → %s | %s → %s | %d → %d (%d) | %d → %d | %s → %s | %.0f%% → %.0f%% |\n",
+				after.Config.Describe(), map[bool]string{false: "1st", true: "2nd"}[after.Second],
+				secs(before.Last()), secs(after.Last()), ratio(*r.Before, before), ratio(r, after),
+				before.PeakBlobTransfers, after.PeakBlobTransfers, r.BlobBound(after.Config),
+				before.PeakSlotHolders, after.PeakSlotHolders, size(before.Bytes), size(after.Bytes), before.CPUBusy*100, after.CPUBusy*100)
+		}
+	}
+	w("\n")
 }
 
 func (r Report) layers() int {

@@ -152,3 +152,14 @@ func copyFiles(src, dst string) error {
 	}
 	return nil
 }
+
+// LoadAverage is the machine's load average over 1, 5 and 15 minutes, for
+// a report: make bench and make scale load the whole machine, and so does
+// anything else running.
+func LoadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], ", ")
+	}
+	return "unknown"
+}

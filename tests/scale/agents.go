@@ -7,20 +7,25 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
-	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 )
@@ -43,10 +48,13 @@ type agentsSpec struct {
 	// Herd is the run's node count: what each agent reads from its
 	// DaemonSet's status.desiredNumberScheduled (cli.HerdSize), which no
 	// controller fills in here.
-	Herd   int       `json:"herd"`
-	Images []Image   `json:"images"`
-	Socket string    `json:"socket"`
-	Agents []agentID `json:"agents"`
+	Herd int `json:"herd"`
+	// LostAnswers is the share of takes, in percent, whose answer is lost:
+	// the apiserver makes the write, and the call times out.
+	LostAnswers int       `json:"lostAnswers"`
+	Images      []Image   `json:"images"`
+	Socket      string    `json:"socket"`
+	Agents      []agentID `json:"agents"`
 	// CPUProfile, if set, receives the process's CPU profile.
 	CPUProfile string `json:"cpuProfile,omitempty"`
 	// Parallelism is the agent's --parallelism.
@@ -69,7 +77,12 @@ type Image struct {
 }
 
 // event is what agents report to the harness, one JSON line each, with
-// the wall clock they share (all processes run on one machine).
+// the wall clock they share (all processes run on one machine). After
+// "go", the harness sends the processes commands, one a line: "throttle
+// on" and "throttle off" (every take is answered 429 Too Many Requests
+// meanwhile, as the apiserver's flow control answers under load),
+// "shrink N" (every waiting agent but the first N leaves) and "stop"
+// (every agent leaves).
 type event struct {
 	T     int64  `json:"t"` // Unix nanoseconds
 	Agent int    `json:"a"`
@@ -88,6 +101,11 @@ const (
 	evLost     = "lost"     // the slot was lost while held
 	evLabeled  = "labeled"  // the node label was written; Value is it
 	evFailed   = "failed"   // the agent ended without a label; Value says why
+	evLeft     = "left"     // the agent left (shrink, stop) without a label
+	// Faults the harness made: a take answered 429, a take whose answer
+	// was lost. Value is the slot's Lease.
+	evThrottled  = "throttled"
+	evAnswerLost = "answer-lost"
 )
 
 // MaybeRunAgents runs the agents process and exits when the environment
@@ -166,9 +184,10 @@ func runAgents(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) e
 	}
 	entries := b.List().Entries
 
+	throttled := &atomic.Bool{}
 	agents := make([]*simAgent, len(spec.Agents))
 	for i, id := range spec.Agents {
-		a, err := newSimAgent(spec, id, sizes, transfers, em, log)
+		a, err := newSimAgent(ctx, spec, id, sizes, transfers, throttled, em, log)
 		if err != nil {
 			return fmt.Errorf("agent %s: %w", id.Node, err)
 		}
@@ -191,9 +210,10 @@ func runAgents(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) e
 			}
 		}
 	}()
+	go commands(in, agents, throttled, log)
 	var wg sync.WaitGroup
 	for _, a := range agents {
-		wg.Go(func() { a.run(ctx, entries) })
+		wg.Go(func() { a.run(entries) })
 	}
 	wg.Wait()
 	close(stopFlush)
@@ -201,17 +221,58 @@ func runAgents(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) e
 	return nil
 }
 
+// commands follows the harness's commands until stdin ends.
+func commands(in *bufio.Reader, agents []*simAgent, throttled *atomic.Bool, log *slog.Logger) {
+	for {
+		line, err := in.ReadString('\n')
+		if err != nil {
+			return
+		}
+		var keep int
+		switch line = strings.TrimSpace(line); {
+		case line == "throttle on", line == "throttle off":
+			throttled.Store(line == "throttle on")
+		case line == "stop":
+			for _, a := range agents {
+				a.leave()
+			}
+		case strings.HasPrefix(line, "shrink "):
+			if _, err := fmt.Sscanf(line, "shrink %d", &keep); err != nil {
+				log.Error("bad command", "line", line)
+				continue
+			}
+			for _, a := range agents {
+				if a.waiting.Load() {
+					if keep > 0 {
+						keep--
+					} else {
+						a.leave()
+					}
+				}
+			}
+		default:
+			log.Error("unknown command", "line", line)
+		}
+	}
+}
+
 // simAgent is the agent's fetch on one simulated node: its own API client
-// and rate limiter, the real herd-control gate, puller and labeler.
+// and rate limiter, the real herd-control gate with metrics on, puller and
+// labeler.
 type simAgent struct {
 	id      agentID
 	em      *emitter
 	puller  *pull.Puller
 	labeler *label.Labeler
 	log     *slog.Logger
+	// ctx ends when the agent leaves; waiting is true while it waits for
+	// a slot.
+	ctx     context.Context
+	leave   context.CancelFunc
+	waiting atomic.Bool
 }
 
-func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers *transferClient, em *emitter, log *slog.Logger) (*simAgent, error) {
+func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[string]int64, transfers *transferClient, throttled *atomic.Bool, em *emitter, log *slog.Logger) (*simAgent, error) {
 	log = log.With("node", id.Node)
 	// Each agent its own transport, as each pod has: a Dial of its own
 	// keeps client-go from sharing one cached connection among them. QPS
@@ -229,26 +290,20 @@ func newSimAgent(spec agentsSpec, id agentID, sizes map[string]int64, transfers 
 	if err != nil {
 		return nil, err
 	}
-	g, err := slots.New(slots.Config{
-		Client:    kc.Leases(spec.Namespace),
-		Namespace: spec.Namespace,
-		Instance:  spec.Instance,
-		Slots:     spec.Slots,
-		SeedNodes: spec.SeedNodes,
-		SeedKey:   spec.SeedKey,
-		Herd:      spec.Herd,
-		Identity:  id.Pod,
-		Logger:    log,
-	})
+	a := &simAgent{id: id, em: em, log: log}
+	a.ctx, a.leave = context.WithCancel(ctx)
+	leases := faults{LeaseClient: kc.Leases(spec.Namespace), lost: spec.LostAnswers, throttled: throttled, emit: a.emit}
+	m := metrics.New()
+	gate, err := newGate(spec, id, leases, m, a, log)
 	if err != nil {
 		return nil, err
 	}
-	a := &simAgent{id: id, em: em, log: log}
 	rt := &fakeRuntime{node: id.Node, sizes: sizes, client: transfers, present: map[string]bool{}}
 	a.puller = pull.New(rt, pull.Config{
 		Parallelism: spec.Parallelism,
 		Policy:      v1alpha1.DefaultPullPolicy,
-		Gate:        &recordingGate{g: g, emit: a.emit},
+		Gate:        gate,
+		Observer:    m,
 		Creds:       noCreds{},
 		Log:         log,
 	})
@@ -261,12 +316,17 @@ func (a *simAgent) emit(kind string, slot int, value string) {
 	a.em.emit(event{Agent: a.id.Index, Kind: kind, Slot: slot, Value: value})
 }
 
-// run is fetch: pull the list, then label the node with the outcome.
-func (a *simAgent) run(ctx context.Context, entries []imagelist.Entry) {
+// run is fetch: pull the list, then label the node with the outcome. An
+// agent that left writes no label, as fetch terminated writes none.
+func (a *simAgent) run(entries []imagelist.Entry) {
 	start := time.Now()
-	results := a.puller.Run(ctx, entries, "")
+	results := a.puller.Run(a.ctx, entries, "")
+	if a.ctx.Err() != nil {
+		a.emit(evLeft, -1, "")
+		return
+	}
 	s := pull.Summarize(results, time.Since(start))
-	if err := a.labeler.Apply(ctx, s); err != nil {
+	if err := a.labeler.Apply(a.ctx, s); err != nil {
 		a.log.Error("labeling the node failed", "err", err)
 		a.emit(evFailed, -1, strings.ReplaceAll(err.Error(), "\n", " "))
 		return
@@ -279,46 +339,40 @@ type noCreds struct{}
 
 func (noCreds) Lookup(context.Context, string) []cri.Auth { return nil }
 
-// recordingGate is the agent's herd-control gate (agent/cli's slotGate)
-// reporting when it waits, holds and releases.
-type recordingGate struct {
-	g    *slots.Gate
-	emit func(kind string, slot int, value string)
+// faults is an agent's Lease client with the harness's faults: takes
+// answered 429 while throttled, and takes whose answer is lost (the write
+// is made, and the call times out).
+type faults struct {
+	kube.LeaseClient
+	lost      int
+	throttled *atomic.Bool
+	emit      func(kind string, slot int, value string)
 }
 
-func (r *recordingGate) Hold(ctx context.Context) (pull.Slot, error) {
-	r.emit(evWait, -1, "")
-	h, err := r.g.Hold(ctx)
-	if err != nil {
-		r.emit(evFailed, -1, err.Error())
-		return nil, err
+func (f faults) Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	return f.write(ctx, l, func() (*coordinationv1.Lease, error) { return f.LeaseClient.Create(ctx, l, opts) })
+}
+
+func (f faults) Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	return f.write(ctx, l, func() (*coordinationv1.Lease, error) { return f.LeaseClient.Update(ctx, l, opts) })
+}
+
+func (f faults) write(ctx context.Context, l *coordinationv1.Lease, do func() (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
+	// A take names a holder with its acquire and renew times equal; a
+	// renewal moves the renew time on, a release clears the holder.
+	s := l.Spec
+	if s.HolderIdentity == nil || s.AcquireTime == nil || s.RenewTime == nil || !s.AcquireTime.Equal(s.RenewTime) {
+		return do()
 	}
-	r.emit(evHold, h.Slot(), "")
-	s := &recordedSlot{h: h, emit: r.emit, released: make(chan struct{})}
-	go func() {
-		select {
-		case <-h.Lost():
-			r.emit(evLost, h.Slot(), "")
-		case <-s.released:
-		}
-	}()
-	return s, nil
+	if f.throttled.Load() {
+		f.emit(evThrottled, -1, l.Name)
+		return nil, apierrors.NewTooManyRequests("the harness throttles takes", 1)
+	}
+	out, err := do()
+	if err == nil && mrand.IntN(100) < f.lost {
+		f.emit(evAnswerLost, -1, l.Name)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return out, err
 }
-
-type recordedSlot struct {
-	h        *slots.Holding
-	emit     func(kind string, slot int, value string)
-	once     sync.Once
-	released chan struct{}
-}
-
-func (s *recordedSlot) Release() {
-	s.once.Do(func() {
-		s.emit(evRelease, s.h.Slot(), "")
-		close(s.released)
-		s.h.Release()
-		s.emit(evReleased, s.h.Slot(), "")
-	})
-}
-
-func (s *recordedSlot) Lost() <-chan struct{} { return s.h.Lost() }

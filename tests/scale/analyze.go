@@ -56,6 +56,43 @@ type Run struct {
 	// transfers cut short.
 	Served, Needed int64
 	Cancelled      int
+	// PeakPulling is the most nodes pulling at once, as the registry saw
+	// them (a transfer in progress).
+	PeakPulling int
+	// Fault is when the run's fault began and ended, from the start; Left
+	// counts the agents that left (shrink, the end of an outage run), and
+	// AnswersLost the takes whose answer was lost.
+	Fault       faultTimes
+	Left        int
+	AnswersLost int
+	// HoldsAfter counts the slots taken after the fault ended.
+	HoldsAfter int
+	// Throttled are the takes answered 429 in each third of the throttle,
+	// per node waiting then (the mean over that third).
+	Throttled [3]float64
+	// ShrinkIdle is, after the herd shrank, the longest a free slot stayed
+	// free while a node waited.
+	ShrinkIdle time.Duration
+	// FirstHold and AllWaiting are when the first slot was held and when
+	// every agent had asked for one, from the start.
+	FirstHold, AllWaiting time.Duration
+}
+
+// PeakHolders is the most holders by any of the three counts.
+func (r Run) PeakHolders() int { return max(r.PeakHeldAgents, r.PeakHeldAPI, r.PeakPulling) }
+
+// Cut says whether the run was ended early (an outage run), so that its
+// time to the last label means nothing.
+func (r Run) Cut() bool { return r.Config.Outage > 0 }
+
+// Backoff is the throttled takes per waiting node in the last third of
+// the throttle over those in the first: well under 1 when a failed take
+// backs off.
+func (r Run) Backoff() float64 {
+	if r.Throttled[0] == 0 {
+		return math.NaN()
+	}
+	return r.Throttled[2] / r.Throttled[0]
 }
 
 // Ratio is Last over Ideal.
@@ -96,8 +133,8 @@ func (r Run) RSSPerAgent() int64 {
 
 // analyze turns the agents' events and the scrapes into a Run. t0 is when
 // the agents were started, end when the last one returned.
-func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrapes []scrape) *Run {
-	run := &Run{Config: cfg, Ideal: opts.Ideal(cfg)}
+func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrapes []scrape, ft faultTimes) *Run {
+	run := &Run{Config: cfg, Ideal: opts.Ideal(cfg), Fault: ft}
 	slices.SortStableFunc(events, func(a, b event) int { return cmp.Compare(a.T, b.T) })
 	rel := func(t int64) time.Duration { return time.Unix(0, t).Sub(t0) }
 
@@ -105,12 +142,8 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 	holder := map[int]int{} // slot -> agent
 	pending := map[int]time.Duration{}
 	var lat []time.Duration
-	// waitSteps is the number of waiting nodes from each time on.
-	type step struct {
-		at time.Duration
-		n  int
-	}
 	steps := []step{{0, 0}}
+	waits := 0
 	setWaiting := func(at time.Duration, a int, w bool) {
 		if waiting[a] == w {
 			return
@@ -134,7 +167,16 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 		switch ev.Kind {
 		case evWait:
 			setWaiting(at, ev.Agent, true)
+			if waits++; waits == cfg.Nodes {
+				run.AllWaiting = at
+			}
 		case evHold:
+			if run.FirstHold == 0 {
+				run.FirstHold = at
+			}
+			if ft.End > 0 && at > ft.End {
+				run.HoldsAfter++
+			}
 			setWaiting(at, ev.Agent, false)
 			holder[ev.Slot] = ev.Agent
 			run.PeakHeldAgents = max(run.PeakHeldAgents, len(holder))
@@ -161,7 +203,28 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 		case evFailed:
 			setWaiting(at, ev.Agent, false)
 			run.AgentFailures++
+		case evLeft:
+			setWaiting(at, ev.Agent, false)
+			run.Left++
+		case evAnswerLost:
+			run.AnswersLost++
+		case evThrottled:
+			if third := int(3 * (at - ft.Start) / max(ft.End-ft.Start, 1)); cfg.Throttle > 0 && third >= 0 && third < 3 {
+				run.Throttled[third]++
+			}
 		}
+	}
+	if cfg.Throttle > 0 && ft.Start > 0 {
+		for i := range run.Throttled {
+			third := (ft.End - ft.Start) / 3
+			from := ft.Start + time.Duration(i)*third
+			if w := meanWaiting(steps, from, from+third); w > 0 {
+				run.Throttled[i] /= w
+			}
+		}
+	}
+	if cfg.Shrink > 0 && ft.Start > 0 {
+		run.ShrinkIdle = shrinkIdle(cfg.Slots, events, t0, ft.Start)
 	}
 	run.HandOverMissing = len(pending)
 	run.HandOvers = len(lat)
@@ -183,21 +246,7 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 		a, b := window(scrapes, t0.Add(run.Last/4), t0.Add(run.Last*3/4))
 		run.Window = diff(a, b)
 		run.WindowStart, run.WindowEnd = a.at.Sub(t0), b.at.Sub(t0)
-		// The time-weighted mean of the waiting count over the window.
-		area := 0.0
-		for i, s := range steps {
-			next := run.WindowEnd
-			if i+1 < len(steps) {
-				next = min(steps[i+1].at, run.WindowEnd)
-			}
-			from := max(s.at, run.WindowStart)
-			if next > from {
-				area += float64(s.n) * (next - from).Seconds()
-			}
-		}
-		if d := (run.WindowEnd - run.WindowStart).Seconds(); d > 0 {
-			run.WindowWaiting = area / d
-		}
+		run.WindowWaiting = meanWaiting(steps, run.WindowStart, run.WindowEnd)
 		for _, ev := range events {
 			if at := rel(ev.T); ev.Kind == evHold && at >= run.WindowStart && at < run.WindowEnd {
 				run.WindowHolds++
@@ -205,6 +254,81 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 		}
 	}
 	return run
+}
+
+// step is the number of waiting nodes from a time on.
+type step struct {
+	at time.Duration
+	n  int
+}
+
+// meanWaiting is the time-weighted mean of the waiting count over [from, to).
+func meanWaiting(steps []step, from, to time.Duration) float64 {
+	area := 0.0
+	for i, s := range steps {
+		next := to
+		if i+1 < len(steps) {
+			next = min(steps[i+1].at, to)
+		}
+		if start := max(s.at, from); next > start {
+			area += float64(s.n) * (next - start).Seconds()
+		}
+	}
+	if d := (to - from).Seconds(); d > 0 {
+		return area / d
+	}
+	return 0
+}
+
+// shrinkIdle is, from shrunk on, the longest a free slot stayed free while
+// some node waited: from when both were so (the later of the two) until
+// the slot was taken, or no node waited any more.
+func shrinkIdle(k int, events []event, t0 time.Time, shrunk time.Duration) time.Duration {
+	held, waiting := map[int]bool{}, map[int]bool{}
+	freeSince := map[int]time.Duration{}
+	var waitingSince, longest, at time.Duration
+	measure := func(slot int) {
+		if len(waiting) > 0 && at > shrunk {
+			longest = max(longest, at-max(freeSince[slot], waitingSince, shrunk))
+		}
+	}
+	stopWaiting := func(agent int) {
+		if waiting[agent] && len(waiting) == 1 {
+			for s := range k { // the last waiting node is gone: the free slots idled until now
+				if !held[s] {
+					measure(s)
+				}
+			}
+		}
+		delete(waiting, agent)
+	}
+	for _, ev := range events {
+		at = time.Unix(0, ev.T).Sub(t0)
+		switch ev.Kind {
+		case evWait:
+			if len(waiting) == 0 {
+				waitingSince = at
+			}
+			waiting[ev.Agent] = true
+		case evHold:
+			measure(ev.Slot)
+			held[ev.Slot] = true
+			stopWaiting(ev.Agent)
+		case evLost, evRelease:
+			if held[ev.Slot] {
+				delete(held, ev.Slot)
+				freeSince[ev.Slot] = at
+			}
+		case evFailed, evLeft:
+			stopWaiting(ev.Agent)
+		}
+	}
+	for s := range k { // nodes still waiting at the end, with free slots
+		if !held[s] {
+			measure(s)
+		}
+	}
+	return longest
 }
 
 // window picks the scrapes nearest to from and to, distinct and in order.

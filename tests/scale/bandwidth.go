@@ -32,6 +32,9 @@ type Bandwidth struct {
 	completed int
 	cancelled int
 	peak      int
+	// peakNodes is the most nodes with a transfer in progress at once:
+	// the nodes pulling, as the registry sees them.
+	peakNodes int
 }
 
 type flow struct {
@@ -58,6 +61,7 @@ func (b *Bandwidth) Transfer(ctx context.Context, node string, size int64) error
 	b.advance(time.Now())
 	b.flows = append(b.flows, f)
 	b.peak = max(b.peak, len(b.flows))
+	b.peakNodes = max(b.peakNodes, b.nodes())
 	b.settle()
 	b.mu.Unlock()
 	select {
@@ -89,6 +93,7 @@ type Stats struct {
 	Completed        int
 	Cancelled        int
 	PeakTransfers    int
+	PeakNodes        int
 	ActiveAtSnapshot int
 }
 
@@ -97,7 +102,24 @@ func (b *Bandwidth) Stats() Stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.advance(time.Now())
-	return Stats{Served: b.served, Completed: b.completed, Cancelled: b.cancelled, PeakTransfers: b.peak, ActiveAtSnapshot: len(b.flows)}
+	return Stats{Served: b.served, Completed: b.completed, Cancelled: b.cancelled, PeakTransfers: b.peak, PeakNodes: b.peakNodes, ActiveAtSnapshot: len(b.flows)}
+}
+
+// nodes is the number of nodes with a transfer in progress. Callers hold
+// mu.
+func (b *Bandwidth) nodes() int {
+	seen := map[string]bool{}
+	for _, f := range b.flows {
+		seen[f.node] = true
+	}
+	return len(seen)
+}
+
+// SetNodeCap changes each node's cap, in bytes per second, between runs.
+func (b *Bandwidth) SetNodeCap(nodeCap int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nodeCap = float64(nodeCap)
 }
 
 // Reset zeroes the totals between runs; no transfer may be in progress.
@@ -107,7 +129,7 @@ func (b *Bandwidth) Reset() error {
 	if len(b.flows) > 0 {
 		return fmt.Errorf("bandwidth: %d transfers still in progress", len(b.flows))
 	}
-	b.served, b.completed, b.cancelled, b.peak = 0, 0, 0, 0
+	b.served, b.completed, b.cancelled, b.peak, b.peakNodes = 0, 0, 0, 0, 0
 	return nil
 }
 

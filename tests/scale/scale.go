@@ -41,15 +41,50 @@ type Config struct {
 	Nodes     int
 	Slots     int
 	SeedNodes int
+	// Faults, faultAt after the agents start. Outage stops the apiserver
+	// that long; the run then pulls slowly (every node's link at the set ÷
+	// slowPull, so that holders still pull when their slots are lost) and
+	// ends cutAfter the outage: it measures the cap, not the last label.
+	// Throttle answers every take 429 Too Many Requests that long, as the
+	// apiserver's flow control does under load. LostAnswers is the share
+	// of takes, in percent, whose answer is lost all run long: the write is
+	// made, and the call times out. Shrink makes every waiting node but
+	// that many leave.
+	Outage, Throttle time.Duration
+	LostAnswers      int
+	Shrink           int
 }
 
-// Name is a short name such as n1000-k10-seed1.
+const (
+	faultAt  = 20 * time.Second
+	slowPull = 2 * time.Minute
+	cutAfter = 90 * time.Second
+)
+
+// Name is a short name such as n1000-k10-seed1 or n1000-k10-outage30s.
 func (c Config) Name() string {
 	s := fmt.Sprintf("n%d-k%d", c.Nodes, c.Slots)
 	if c.SeedNodes > 0 {
 		s += fmt.Sprintf("-seed%d", c.SeedNodes)
 	}
+	if c.Outage > 0 {
+		s += "-outage" + c.Outage.String()
+	}
+	if c.Throttle > 0 {
+		s += "-throttle" + c.Throttle.String()
+	}
+	if c.LostAnswers > 0 {
+		s += fmt.Sprintf("-lost%d", c.LostAnswers)
+	}
+	if c.Shrink > 0 {
+		s += fmt.Sprintf("-shrink%d", c.Shrink)
+	}
 	return s
+}
+
+// Faulty says whether the run has a fault.
+func (c Config) Faulty() bool {
+	return c.Outage > 0 || c.Throttle > 0 || c.LostAnswers > 0 || c.Shrink > 0
 }
 
 // Options say what to measure.
@@ -68,7 +103,7 @@ type Options struct {
 	// /metrics; 0 picks one from the ideal time of each run.
 	ScrapeEvery time.Duration
 	// Progress receives progress lines. Default os.Stderr.
-	Progress io.Writer
+	Progress io.Writer `json:"-"`
 	// KeepLogs, if set, receives the agents' and the apiserver's logs.
 	KeepLogs string
 	// CPUProfiles, if set, receives a CPU profile of every agents process
@@ -309,7 +344,7 @@ func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]
 	for p := 0; p*per < cfg.Nodes; p++ {
 		spec := agentsSpec{
 			Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
-			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Herd: cfg.Nodes,
+			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Herd: cfg.Nodes, LostAnswers: cfg.LostAnswers,
 			Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
 		}
 		for i := p * per; i < min((p+1)*per, cfg.Nodes); i++ {
@@ -506,6 +541,10 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 	ideal := h.opts.Ideal(cfg)
 	rctx, cancel := context.WithTimeout(ctx, 10*ideal+3*time.Minute)
 	defer cancel()
+	if cfg.Outage > 0 {
+		h.bw.SetNodeCap(int64(float64(h.opts.SetBytes()) / slowPull.Seconds()))
+		defer h.bw.SetNodeCap(h.opts.NodeCap)
+	}
 	procs, err := h.startProcs(rctx, cfg, logDir)
 	defer func() {
 		for _, p := range procs {
@@ -573,6 +612,14 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 			return nil, fmt.Errorf("start agents: %w", err)
 		}
 	}
+	fctx, stopFaults := context.WithCancel(rctx)
+	faulted := make(chan error, 1)
+	var ft faultTimes
+	go func() {
+		var err error
+		ft, err = h.faults(fctx, cfg, procs, t0)
+		faulted <- err
+	}()
 	var procErr error
 	for _, p := range procs {
 		<-p.done
@@ -581,6 +628,8 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 		}
 	}
 	end := time.Now()
+	stopFaults()
+	procErr = errors.Join(procErr, <-faulted)
 	stopScrape()
 	<-scraped
 	last, err := scrapeRequests(ctx, rc)
@@ -602,7 +651,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 			usage.MaxRSS = append(usage.MaxRSS, ru.Maxrss*1024)
 		}
 	}
-	run := analyze(cfg, h.opts, t0, end, events, scrapes)
+	run := analyze(cfg, h.opts, t0, end, events, scrapes, ft)
 	run.Usage = usage
 	run.PeakHeldAPI = lw.Peak()
 	run.WatchRestarts = lw.Restarts()
@@ -611,7 +660,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	st := h.bw.Stats()
 	run.Served, run.Needed = st.Served, int64(cfg.Nodes)*h.opts.SetBytes()
-	run.Cancelled = st.Cancelled
+	run.Cancelled, run.PeakPulling = st.Cancelled, st.PeakNodes
 	if err := h.checkLabels(ctx, cfg, run); err != nil {
 		return nil, err
 	}
@@ -619,6 +668,73 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 		cfg.Name(), run.Last.Seconds(), run.Ratio(), run.Succeeded, cfg.Nodes, run.PeakHeldAgents, run.PeakHeldAPI,
 		run.PerWaiterMinute(), run.HandOverP50.Round(time.Millisecond), run.HandOverP99.Round(time.Millisecond))
 	return run, nil
+}
+
+// faultTimes are when a run's fault began and ended, from the start.
+type faultTimes struct{ Start, End time.Duration }
+
+// faults makes cfg's fault happen, faultAt after t0, unless ctx ends
+// first (the run ended). An apiserver it stopped it always starts again.
+func (h *harness) faults(ctx context.Context, cfg Config, procs []*agentsProc, t0 time.Time) (faultTimes, error) {
+	var ft faultTimes
+	if cfg.Outage == 0 && cfg.Throttle == 0 && cfg.Shrink == 0 || !sleepUntil(ctx, t0.Add(faultAt)) {
+		return ft, nil
+	}
+	send := func(line func(p int) string) error {
+		for i, p := range procs {
+			if _, err := io.WriteString(p.stdin, line(i)+"\n"); err != nil {
+				return fmt.Errorf("send %q: %w", line(i), err)
+			}
+		}
+		return nil
+	}
+	ft.Start = time.Since(t0)
+	switch {
+	case cfg.Outage > 0:
+		h.progress("%s: stopping the apiserver for %s", cfg.Name(), cfg.Outage)
+		if err := h.c.StopAPIServer(ctx); err != nil {
+			return ft, err
+		}
+		sleepUntil(ctx, t0.Add(faultAt+cfg.Outage))
+		err := h.c.StartAPIServer(context.WithoutCancel(ctx))
+		ft.End = time.Since(t0)
+		h.progress("%s: the apiserver is back", cfg.Name())
+		if err != nil || !sleepUntil(ctx, t0.Add(faultAt+cfg.Outage+cutAfter)) {
+			return ft, err
+		}
+		h.progress("%s: stopping the agents", cfg.Name())
+		return ft, send(func(int) string { return "stop" })
+	case cfg.Throttle > 0:
+		h.progress("%s: takes answered 429 for %s", cfg.Name(), cfg.Throttle)
+		if err := send(func(int) string { return "throttle on" }); err != nil {
+			return ft, err
+		}
+		sleepUntil(ctx, t0.Add(faultAt+cfg.Throttle))
+		ft.End = time.Since(t0)
+		return ft, send(func(int) string { return "throttle off" })
+	default:
+		h.progress("%s: every waiting node but %d leaves", cfg.Name(), cfg.Shrink)
+		ft.End = ft.Start
+		return ft, send(func(p int) string {
+			keep := cfg.Shrink / len(procs)
+			if p < cfg.Shrink%len(procs) {
+				keep++
+			}
+			return fmt.Sprintf("shrink %d", keep)
+		})
+	}
+}
+
+// sleepUntil waits until t or until ctx ends; it reports whether t came.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
 }
 
 // checkLabels reads every node's label back from the API.
@@ -668,31 +784,52 @@ func copyDir(src, dst string) error {
 	})
 }
 
-// DefaultConfigs are the runs: 100, 300 and 1,000 nodes with K=10, K=50
-// and one seed with K=10.
+// DefaultConfigs are the runs: 100 and 1,000 nodes with K=10, K=50 and
+// one seed with K=10, then at 1,000 nodes a 30 s apiserver outage, 30 s of
+// takes answered 429, 5 % of the takes' answers lost, and a herd that
+// shrinks to 10 waiting nodes.
 func DefaultConfigs() []Config {
 	var out []Config
-	for _, n := range []int{100, 300, 1000} {
+	for _, n := range []int{100, 1000} {
 		out = append(out, Config{Nodes: n, Slots: 10}, Config{Nodes: n, Slots: 50}, Config{Nodes: n, Slots: 10, SeedNodes: 1})
 	}
-	return out
+	return append(out,
+		Config{Nodes: 1000, Slots: 10, Outage: 30 * time.Second},
+		Config{Nodes: 1000, Slots: 10, Throttle: 30 * time.Second},
+		Config{Nodes: 1000, Slots: 10, LostAnswers: 5},
+		Config{Nodes: 1000, Slots: 50, Shrink: 10})
 }
 
-// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>].
+// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>][-outage<d>][-throttle<d>][-lost<percent>][-shrink<N>].
 func ParseConfig(s string) (Config, error) {
 	var c Config
-	rest := s
-	var n int
-	var err error
-	if i := strings.Index(rest, "-seed"); i >= 0 {
-		_, err = fmt.Sscanf(rest[i:], "-seed%d", &c.SeedNodes)
-		rest = rest[:i]
+	bad := fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>][-outage<duration>][-throttle<duration>][-lost<percent>][-shrink<N>], e.g. n1000-k10-outage30s", s)
+	for i, part := range strings.Split(s, "-") {
+		var err error
+		switch {
+		case i == 0:
+			_, err = fmt.Sscanf(part, "n%d", &c.Nodes)
+		case i == 1:
+			_, err = fmt.Sscanf(part, "k%d", &c.Slots)
+		case strings.HasPrefix(part, "seed"):
+			_, err = fmt.Sscanf(part, "seed%d", &c.SeedNodes)
+		case strings.HasPrefix(part, "outage"):
+			c.Outage, err = time.ParseDuration(strings.TrimPrefix(part, "outage"))
+		case strings.HasPrefix(part, "throttle"):
+			c.Throttle, err = time.ParseDuration(strings.TrimPrefix(part, "throttle"))
+		case strings.HasPrefix(part, "lost"):
+			_, err = fmt.Sscanf(part, "lost%d", &c.LostAnswers)
+		case strings.HasPrefix(part, "shrink"):
+			_, err = fmt.Sscanf(part, "shrink%d", &c.Shrink)
+		default:
+			err = bad
+		}
+		if err != nil {
+			return Config{}, bad
+		}
 	}
-	if err == nil {
-		n, err = fmt.Sscanf(rest, "n%d-k%d", &c.Nodes, &c.Slots)
-	}
-	if err != nil || n != 2 || c.Nodes < 1 || c.Slots < 1 || c.Name() != s {
-		return Config{}, fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>], e.g. n1000-k10-seed1", s)
+	if c.Nodes < 1 || c.Slots < 1 || c.Name() != s {
+		return Config{}, bad
 	}
 	return c, nil
 }

@@ -45,6 +45,11 @@ func run() error {
 	flag.StringVar(&opts.LogDir, "keep-logs", "", "copy component and agent logs into this directory")
 	flag.StringVar(&out, "out", "docs/benchmarks.md", "report to write")
 	flag.StringVar(&plotFile, "plot", "docs/benchmarks-completion.png", "plot to write (PNG)")
+	var jsonFile, before, beforeLabel, afterLabel string
+	flag.StringVar(&jsonFile, "json", "", "also write the report's numbers as JSON to this file (for -before of a later run)")
+	flag.StringVar(&before, "before", "", "a -json file of an earlier run on other code, shown side by side with this one")
+	flag.StringVar(&beforeLabel, "before-label", "the code before", "what the -before run measured, for the report")
+	flag.StringVar(&afterLabel, "after-label", "this code", "what this run measures, for the report")
 	flag.Parse()
 
 	for _, s := range strings.Split(sizes, ",") {
@@ -64,9 +69,23 @@ func run() error {
 	// Ctrl-C or SIGTERM cancels the runs; teardown still happens.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	load := bench.LoadAverage()
 	rep, err := bench.Measure(ctx, opts)
 	if err != nil {
 		return err
+	}
+	rep.Load = load
+	if jsonFile != "" {
+		if err := bench.WriteJSON(jsonFile, rep); err != nil {
+			return err
+		}
+	}
+	if before != "" {
+		rep.Before = &bench.Report{}
+		if err := bench.ReadJSON(before, rep.Before); err != nil {
+			return err
+		}
+		rep.BeforeLabel, rep.AfterLabel = beforeLabel, afterLabel
 	}
 	if err := bench.WriteDocument(out, plotFile, &rep.PlotFile, rep); err != nil {
 		return err

@@ -35,6 +35,8 @@ func run() error {
 		nodeMiB  float64
 		out      string
 		plotFile string
+		jsonFile string
+		before   string
 	)
 	var names []string
 	for _, c := range scale.DefaultConfigs() {
@@ -51,6 +53,11 @@ func run() error {
 	flag.StringVar(&opts.CPUProfiles, "cpu-profiles", "", "write a CPU profile of every agents process into this directory (it must exist)")
 	flag.StringVar(&out, "out", "docs/scale.md", "report to write")
 	flag.StringVar(&plotFile, "plot", "docs/scale-completion.png", "plot to write (PNG)")
+	flag.StringVar(&jsonFile, "json", "", "also write the report's numbers as JSON to this file (for -before of a later run)")
+	flag.StringVar(&before, "before", "", "a -json file of an earlier run on other code, shown side by side with this one")
+	var beforeLabel, afterLabel string
+	flag.StringVar(&beforeLabel, "before-label", "the code before", "what the -before run measured, for the report")
+	flag.StringVar(&afterLabel, "after-label", "this code", "what this run measures, for the report")
 	flag.Parse()
 
 	for _, s := range strings.Split(configs, ",") {
@@ -68,17 +75,37 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
+	load := bench.LoadAverage()
 	rep, err := scale.Measure(ctx, opts)
 	if err != nil {
 		return err
 	}
-	rep.Elapsed = time.Since(start)
+	rep.Elapsed, rep.Load = time.Since(start), load
+	if jsonFile != "" {
+		if err := bench.WriteJSON(jsonFile, rep); err != nil {
+			return err
+		}
+	}
+	if before != "" {
+		rep.Before = &scale.Report{}
+		if err := bench.ReadJSON(before, rep.Before); err != nil {
+			return err
+		}
+		rep.BeforeLabel, rep.AfterLabel = beforeLabel, afterLabel
+	}
 	rep.Command = "make scale"
 	if len(os.Args) > 1 {
 		rep.Command = "go run ./tests/scale/cmd/scale " + strings.Join(os.Args[1:], " ")
 	}
 	if err := bench.WriteDocument(out, plotFile, &rep.PlotFile, rep); err != nil {
 		return err
+	}
+	for _, c := range rep.Checks() {
+		met := "met"
+		if !c.OK {
+			met = "NOT met"
+		}
+		fmt.Printf("  %-26s %-100s %-20s %s\n", c.Run, c.Target, c.Value, met)
 	}
 	return nil
 }
