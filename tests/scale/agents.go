@@ -303,6 +303,7 @@ func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[str
 		Parallelism: spec.Parallelism,
 		Policy:      v1alpha1.DefaultPullPolicy,
 		Gate:        gate,
+		Progress:    rt,
 		Observer:    m,
 		Creds:       noCreds{},
 		Log:         log,

@@ -65,8 +65,9 @@ type Run struct {
 	Fault       faultTimes
 	Left        int
 	AnswersLost int
-	// HoldsAfter counts the slots taken after the fault ended.
-	HoldsAfter int
+	// Refilled is, in an outage run, when all K slots were held again
+	// after slots were lost, from the start; 0 if never.
+	Refilled time.Duration
 	// Throttled are the takes answered 429 in each third of the throttle,
 	// per node waiting then (the mean over that third).
 	Throttled [3]float64
@@ -174,12 +175,12 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 			if run.FirstHold == 0 {
 				run.FirstHold = at
 			}
-			if ft.End > 0 && at > ft.End {
-				run.HoldsAfter++
-			}
 			setWaiting(at, ev.Agent, false)
 			holder[ev.Slot] = ev.Agent
 			run.PeakHeldAgents = max(run.PeakHeldAgents, len(holder))
+			if cfg.Outage > 0 && run.Lost > 0 && run.Refilled == 0 && len(holder) == cfg.Slots {
+				run.Refilled = at
+			}
 			if since, ok := pending[ev.Slot]; ok {
 				lat = append(lat, at-since)
 				delete(pending, ev.Slot)

@@ -2,6 +2,7 @@ package scale
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 )
@@ -79,5 +80,48 @@ func TestReportJSON(t *testing.T) {
 	}
 	if back.Runs[0].PeakPulling != 3 || back.Runs[0].Throttled != rep.Runs[0].Throttled || back.Runs[0].Fault != rep.Runs[0].Fault || back.Load != rep.Load {
 		t.Errorf("read back %+v, want %+v", back.Runs[0], rep.Runs[0])
+	}
+}
+
+// A target the run cannot compute says so: neither met nor not met.
+func TestChecksThatCannotTell(t *testing.T) {
+	rep := Report{Runs: []Run{
+		{Config: Config{Nodes: 10, Slots: 2, Throttle: time.Second}, PeakHeldAgents: 2, Fault: faultTimes{time.Second, 2 * time.Second}},
+		{Config: Config{Nodes: 10, Slots: 2}, PeakHeldAgents: 2, Ideal: time.Second, Last: time.Second},
+	}}
+	var unknown []string
+	for _, c := range rep.Checks() {
+		if c.Unknown {
+			if c.OK || c.Verdict() != "cannot tell" {
+				t.Errorf("%s: %q is unknown but says %q (OK %v)", c.Run, c.Target, c.Verdict(), c.OK)
+			}
+			unknown = append(unknown, c.Run+": "+c.Value)
+		}
+	}
+	want := []string{
+		"n10-k2-throttle1s: no take was answered 429 in the first third",
+		"n10-k2: no node waited in the steady-state window",
+		"n10-k2: no hand-over while nodes waited",
+	}
+	if !slices.Equal(unknown, want) {
+		t.Errorf("checks that cannot tell: %q, want %q", unknown, want)
+	}
+}
+
+// An outage run's recovery: when all K slots are held again after the
+// outage's losses.
+func TestAnalyzeRefill(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ev := func(d time.Duration, agent int, kind string, slot int) event {
+		return event{T: t0.Add(d).UnixNano(), Agent: agent, Kind: kind, Slot: slot}
+	}
+	events := []event{
+		ev(0, 0, evHold, 0), ev(0, 1, evHold, 1),
+		ev(30*time.Second, 0, evLost, 0), ev(30*time.Second, 1, evLost, 1),
+		ev(52*time.Second, 2, evHold, 0), ev(55*time.Second, 3, evHold, 1),
+	}
+	run := analyze(Config{Nodes: 4, Slots: 2, Outage: 30 * time.Second}, Options{Capacity: 1, NodeCap: 1, Images: []Image{{Size: 1}}}, t0, t0.Add(time.Minute), events, nil, faultTimes{20 * time.Second, 50 * time.Second})
+	if run.Refilled != 55*time.Second || run.Lost != 2 {
+		t.Errorf("refilled at %v after %d losses, want 55s after 2", run.Refilled, run.Lost)
 	}
 }

@@ -3,6 +3,7 @@ package scale
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -35,9 +36,11 @@ type Bandwidth struct {
 	// peakNodes is the most nodes with a transfer in progress at once:
 	// the nodes pulling, as the registry sees them.
 	peakNodes int
+	flowIDs   int
 }
 
 type flow struct {
+	id        int
 	node      string
 	size      float64
 	sent      float64
@@ -59,6 +62,8 @@ func (b *Bandwidth) Transfer(ctx context.Context, node string, size int64) error
 	f := &flow{node: node, size: float64(size), done: make(chan struct{})}
 	b.mu.Lock()
 	b.advance(time.Now())
+	b.flowIDs++
+	f.id = b.flowIDs
 	b.flows = append(b.flows, f)
 	b.peak = max(b.peak, len(b.flows))
 	b.peakNodes = max(b.peakNodes, b.nodes())
@@ -113,6 +118,21 @@ func (b *Bandwidth) nodes() int {
 		seen[f.node] = true
 	}
 	return len(seen)
+}
+
+// Downloads are node's transfers in progress with the bytes each has
+// received, as containerd's ingests tell the agent (pull.Progress).
+func (b *Bandwidth) Downloads(node string) map[string]int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(time.Now())
+	out := map[string]int64{}
+	for _, f := range b.flows {
+		if f.node == node {
+			out[strconv.Itoa(f.id)] = int64(f.sent)
+		}
+	}
+	return out
 }
 
 // SetNodeCap changes each node's cap, in bytes per second, between runs.
@@ -199,8 +219,9 @@ func (b *Bandwidth) tick() {
 }
 
 // Serve answers POST /transfer?node=N&bytes=S on l: the response comes
-// when the transfer is done; a client that goes away cancels it. The
-// agents' fake runtimes, in other processes, share the one model that way.
+// when the transfer is done; a client that goes away cancels it. GET
+// /downloads?node=N answers Downloads as JSON. The agents' fake runtimes,
+// in other processes, share the one model that way.
 func (b *Bandwidth) Serve(l net.Listener) *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /transfer", func(w http.ResponseWriter, r *http.Request) {
@@ -214,6 +235,10 @@ func (b *Bandwidth) Serve(l net.Listener) *http.Server {
 			return // the client is gone
 		}
 		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /downloads", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(b.Downloads(r.URL.Query().Get("node")))
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {

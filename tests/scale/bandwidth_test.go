@@ -67,3 +67,38 @@ func TestBandwidthServed(t *testing.T) {
 		t.Fatalf("%d transfers still active after the cancel", s.ActiveAtSnapshot)
 	}
 }
+
+// A node's transfers in progress are its downloads, with the bytes each
+// has received so far (the agent's progress watch reads them).
+func TestBandwidthDownloads(t *testing.T) {
+	b := NewBandwidth(1000, 1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Transfer(ctx, "a", 1_000_000) }()
+	var first map[string]int64
+	for first == nil || len(first) == 0 {
+		first = b.Downloads("a")
+	}
+	if other := b.Downloads("b"); len(other) != 0 {
+		t.Errorf("node b's downloads %v, want none", other)
+	}
+	for {
+		now := b.Downloads("a")
+		if len(now) != 1 {
+			t.Fatalf("downloads %v, want one", now)
+		}
+		grew := false
+		for id, n := range now {
+			grew = n > first[id]
+		}
+		if grew {
+			break
+		}
+	}
+	cancel()
+	<-done
+	if left := b.Downloads("a"); len(left) != 0 {
+		t.Errorf("downloads %v after the transfer ended, want none", left)
+	}
+}

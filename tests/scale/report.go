@@ -44,6 +44,10 @@ const (
 	targetRatio           = 1.1
 	targetBackoff         = 0.5
 	targetShrinkIdle      = 30 * time.Second
+	// targetRefill: a waiter's pause after failed calls grows to 30 s,
+	// and a Lease whose holder lost it is free 15 s (its duration) after
+	// the waiter saw it.
+	targetRefill = 45 * time.Second
 )
 
 // Markdown is docs/scale.md.
@@ -98,7 +102,7 @@ func (r Report) Markdown() string {
 		case c.Faulty() && c.LostAnswers == 0 && run.Fault.Start == 0:
 			b.WriteString("; the run ended before the fault")
 		case c.Faulty() && c.LostAnswers == 0:
-			fmt.Fprintf(&b, "; fault %.1f–%.1f s, %d slots taken after it", run.Fault.Start.Seconds(), run.Fault.End.Seconds(), run.HoldsAfter)
+			fmt.Fprintf(&b, "; fault %.1f–%.1f s", run.Fault.Start.Seconds(), run.Fault.End.Seconds())
 		}
 		b.WriteString(".\n")
 	}
@@ -106,7 +110,7 @@ func (r Report) Markdown() string {
 	b.WriteString("\n## Targets\n\nIssue 27's targets, at the largest node count:\n\n")
 	b.WriteString("| run | target | measured | met |\n|---|---|---|---|\n")
 	for _, c := range r.Checks() {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Run, c.Target, c.Value, yes(c.OK))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Run, c.Target, c.Value, verdict(c))
 	}
 	if r.Before != nil {
 		r.beforeAfter(&b)
@@ -126,10 +130,31 @@ func (r Report) Markdown() string {
 	return b.String()
 }
 
-// Check is one target, measured.
+// Check is one target, measured. Unknown says that the run cannot tell
+// (Value says why): neither met nor not met.
 type Check struct {
 	Run, Target, Value string
-	OK                 bool
+	OK, Unknown        bool
+}
+
+// Verdict is "met", "NOT met" or "cannot tell".
+func (c Check) Verdict() string {
+	switch {
+	case c.Unknown:
+		return "cannot tell"
+	case c.OK:
+		return "met"
+	}
+	return "NOT met"
+}
+
+func check(run, target, value string, ok bool) Check {
+	return Check{Run: run, Target: target, Value: value, OK: ok}
+}
+
+// unknown is a check the run cannot compute, and why.
+func unknown(run, target, why string) Check {
+	return Check{Run: run, Target: target, Value: why, Unknown: true}
 }
 
 // Checks are issue 27's targets on the runs at the largest node count:
@@ -148,25 +173,43 @@ func (r Report) Checks() []Check {
 			continue
 		}
 		n := c.Name()
-		out = append(out, Check{n, fmt.Sprintf("never more than K = %d holders (agents / Leases / nodes pulling)", c.Slots),
-			fmt.Sprintf("%d / %d / %d", run.PeakHeldAgents, run.PeakHeldAPI, run.PeakPulling), run.PeakHolders() <= c.Slots && run.PeakHolders() > 0})
+		out = append(out, check(n, fmt.Sprintf("never more than K = %d holders (agents / Leases / nodes pulling)", c.Slots),
+			fmt.Sprintf("%d / %d / %d", run.PeakHeldAgents, run.PeakHeldAPI, run.PeakPulling), run.PeakHolders() <= c.Slots && run.PeakHolders() > 0))
 		switch {
 		case c.Faulty() && c.LostAnswers == 0 && run.Fault.Start == 0:
-			out = append(out, Check{n, "the fault happened", "the run ended first", false})
+			out = append(out, check(n, "the fault happened", "the run ended first", false))
 		case c.Outage > 0:
-			out = append(out, Check{n, "after the outage, slots are taken again", fmt.Sprintf("%d taken", run.HoldsAfter), run.HoldsAfter > 0})
+			target := fmt.Sprintf("after the outage, all K slots held again within %s of /readyz, and nodes label", targetRefill)
+			if run.Refilled == 0 {
+				out = append(out, check(n, target, fmt.Sprintf("never all held again; %d labeled succeeded", run.Succeeded), false))
+				break
+			}
+			refill := max(run.Refilled-run.Fault.End, 0)
+			out = append(out, check(n, target, fmt.Sprintf("%s; %d labeled succeeded", ms(refill), run.Succeeded), refill <= targetRefill && run.Succeeded >= c.Slots))
 		case c.Throttle > 0:
-			out = append(out, Check{n, fmt.Sprintf("a failed take backs off: takes answered 429 per waiting node, last third of the throttle ÷ first ≤ %.1f", targetBackoff),
-				fmt.Sprintf("%.2f ÷ %.2f = %.2f", run.Throttled[2], run.Throttled[0], run.Backoff()), run.Backoff() <= targetBackoff})
+			target := fmt.Sprintf("a failed take backs off: takes answered 429 per waiting node, last third of the throttle ÷ first ≤ %.1f", targetBackoff)
+			if run.Throttled[0] == 0 {
+				out = append(out, unknown(n, target, "no take was answered 429 in the first third"))
+				break
+			}
+			out = append(out, check(n, target, fmt.Sprintf("%.2f ÷ %.2f = %.2f", run.Throttled[2], run.Throttled[0], run.Backoff()), run.Backoff() <= targetBackoff))
 		case c.Shrink > 0:
-			out = append(out, Check{n, fmt.Sprintf("after the herd shrank to %d waiting nodes, no free slot idle longer than %s while a node waits", c.Shrink, targetShrinkIdle),
-				ms(run.ShrinkIdle), run.ShrinkIdle <= targetShrinkIdle})
+			out = append(out, check(n, fmt.Sprintf("after the herd shrank to %d waiting nodes, no free slot idle longer than %s while a node waits", c.Shrink, targetShrinkIdle),
+				ms(run.ShrinkIdle), run.ShrinkIdle <= targetShrinkIdle))
 		case !c.Faulty():
-			pw := run.PerWaiterMinute()
-			out = append(out,
-				Check{n, fmt.Sprintf("≤ %.0f waiter request per waiting node per minute (steady state)", targetPerWaiterMinute), fmt.Sprintf("%.2f", pw), pw <= targetPerWaiterMinute},
-				Check{n, fmt.Sprintf("hand-over p99 ≤ %s", targetHandOverP99), ms(run.HandOverP99), run.HandOvers > 0 && run.HandOverP99 <= targetHandOverP99},
-				Check{n, fmt.Sprintf("last label ≤ %.1f× ideal", targetRatio), fmt.Sprintf("%.2f×", run.Ratio()), run.Ratio() <= targetRatio})
+			pwTarget := fmt.Sprintf("≤ %.0f waiter request per waiting node per minute (steady state)", targetPerWaiterMinute)
+			if pw := run.PerWaiterMinute(); math.IsNaN(pw) {
+				out = append(out, unknown(n, pwTarget, "no node waited in the steady-state window"))
+			} else {
+				out = append(out, check(n, pwTarget, fmt.Sprintf("%.2f", pw), pw <= targetPerWaiterMinute))
+			}
+			hoTarget := fmt.Sprintf("hand-over p99 ≤ %s", targetHandOverP99)
+			if run.HandOvers == 0 {
+				out = append(out, unknown(n, hoTarget, "no hand-over while nodes waited"))
+			} else {
+				out = append(out, check(n, hoTarget, ms(run.HandOverP99), run.HandOverP99 <= targetHandOverP99))
+			}
+			out = append(out, check(n, fmt.Sprintf("last label ≤ %.1f× ideal", targetRatio), fmt.Sprintf("%.2f×", run.Ratio()), run.Ratio() <= targetRatio))
 		}
 	}
 	return out
@@ -206,11 +249,11 @@ func ratio(r Run) string {
 	return fmt.Sprintf("%.2f×", r.Ratio())
 }
 
-func yes(ok bool) string {
-	if ok {
-		return "yes"
+func verdict(c Check) string {
+	if c.OK && !c.Unknown {
+		return c.Verdict()
 	}
-	return "**no**"
+	return "**" + c.Verdict() + "**"
 }
 
 func ms(d time.Duration) string {

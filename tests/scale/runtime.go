@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -51,6 +52,24 @@ func (c *transferClient) transfer(ctx context.Context, node string, size int64) 
 	return nil
 }
 
+// downloads asks for node's transfers in progress.
+func (c *transferClient) downloads(ctx context.Context, node string) (map[string]int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://registry/downloads?"+url.Values{"node": {node}}.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("downloads: %w", err)
+	}
+	defer resp.Body.Close()
+	var out map[string]int64
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("downloads: %w", err)
+	}
+	return out, nil
+}
+
 // fakeRuntime is one node's container runtime: an image store that starts
 // empty, and pulls whose time is the simulated registry's.
 type fakeRuntime struct {
@@ -62,7 +81,16 @@ type fakeRuntime struct {
 	present map[string]bool
 }
 
-var _ pull.Runtime = (*fakeRuntime)(nil)
+var (
+	_ pull.Runtime  = (*fakeRuntime)(nil)
+	_ pull.Progress = (*fakeRuntime)(nil)
+)
+
+// Downloads are the node's transfers in progress, so that an attempt is
+// cut only after a time without bytes arriving, as on containerd.
+func (r *fakeRuntime) Downloads(ctx context.Context) (map[string]int64, error) {
+	return r.client.downloads(ctx, r.node)
+}
 
 func (r *fakeRuntime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo, error) {
 	r.mu.Lock()

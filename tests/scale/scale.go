@@ -44,7 +44,9 @@ type Config struct {
 	// Faults, faultAt after the agents start. Outage stops the apiserver
 	// that long; the run then pulls slowly (every node's link at the set ÷
 	// slowPull, so that holders still pull when their slots are lost) and
-	// ends cutAfter the outage: it measures the cap, not the last label.
+	// ends cutAfter the outage, when the nodes that took the slots after
+	// it have had the time of one pull: it measures the cap and the
+	// recovery, not the last label.
 	// Throttle answers every take 429 Too Many Requests that long, as the
 	// apiserver's flow control does under load. LostAnswers is the share
 	// of takes, in percent, whose answer is lost all run long: the write is
@@ -58,7 +60,7 @@ type Config struct {
 const (
 	faultAt  = 20 * time.Second
 	slowPull = 2 * time.Minute
-	cutAfter = 90 * time.Second
+	cutAfter = slowPull + 30*time.Second
 )
 
 // Name is a short name such as n1000-k10-seed1 or n1000-k10-outage30s.

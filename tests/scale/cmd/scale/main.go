@@ -101,11 +101,7 @@ func run() error {
 		return err
 	}
 	for _, c := range rep.Checks() {
-		met := "met"
-		if !c.OK {
-			met = "NOT met"
-		}
-		fmt.Printf("  %-26s %-100s %-20s %s\n", c.Run, c.Target, c.Value, met)
+		fmt.Printf("  %-26s %-100s %-20s %s\n", c.Run, c.Target, c.Value, c.Verdict())
 	}
 	return nil
 }
