@@ -163,12 +163,16 @@ func TestStartupTaintNewNode(t *testing.T) {
 	var blobsAtRemoval int
 	start := time.Now()
 	if err := poll(ctx, "the startup taint removed from "+n3.Name, func() (bool, string) {
+		// The pod first: a pod found scheduled on a node read after it
+		// with the taint was scheduled while the taint was there. (Read
+		// the other way round, the taint may go between the two reads.)
+		p, perr := workloadPod(ctx, "apps", "warm-app")
 		n, err := cs.CoreV1().Nodes().Get(ctx, n3.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		if hasTaint(n, startupKey) {
-			if p, err := workloadPod(ctx, "apps", "warm-app"); err == nil && p.Spec.NodeName != "" {
+			if perr == nil && p.Spec.NodeName != "" {
 				t.Errorf("the workload was scheduled to %s while the startup taint was there", p.Spec.NodeName)
 			}
 			return false, fmt.Sprintf("label %q", n.Labels[in.key()])
