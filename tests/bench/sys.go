@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -153,13 +154,14 @@ func copyFiles(src, dst string) error {
 	return nil
 }
 
-// LoadAverage is the machine's load average over 1, 5 and 15 minutes, for
-// a report: make bench and make scale load the whole machine, and so does
-// anything else running.
-func LoadAverage() string {
+// MachineLoad is the machine's load average over 1, 5 and 15 minutes and
+// when it was read, for a report: make bench and make scale load the whole
+// machine, and so does anything else running.
+func MachineLoad() string {
+	at := time.Now().UTC().Format("2006-01-02 15:04 UTC")
 	data, err := os.ReadFile("/proc/loadavg")
 	if f := strings.Fields(string(data)); err == nil && len(f) >= 3 {
-		return strings.Join(f[:3], ", ")
+		return strings.Join(f[:3], ", ") + " on " + at
 	}
-	return "unknown"
+	return "unknown on " + at
 }

@@ -69,7 +69,7 @@ func run() error {
 	// Ctrl-C or SIGTERM cancels the runs; teardown still happens.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	load := bench.LoadAverage()
+	load := bench.MachineLoad()
 	rep, err := bench.Measure(ctx, opts)
 	if err != nil {
 		return err

@@ -75,7 +75,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	load := bench.LoadAverage()
+	load := bench.MachineLoad()
 	rep, err := scale.Measure(ctx, opts)
 	if err != nil {
 		return err
