@@ -54,12 +54,15 @@ func run() error {
 	flag.StringVar(&out, "out", "docs/scale.md", "report to write")
 	flag.StringVar(&plotFile, "plot", "docs/scale-completion.png", "plot to write (PNG)")
 	flag.StringVar(&jsonFile, "json", "", "also write the report's numbers as JSON to this file (for -before of a later run)")
-	flag.StringVar(&before, "before", "", "a -json file of an earlier run on other code, shown side by side with this one")
+	flag.StringVar(&before, "before", "", "-json files of earlier runs on other code (comma-separated, joined in order), shown side by side with this one")
+	var from string
+	flag.StringVar(&from, "from", "", "instead of measuring, report the runs of these -json files (comma-separated, joined in order): runs made one at a time, each on a fresh control plane")
 	var beforeLabel, afterLabel string
 	flag.StringVar(&beforeLabel, "before-label", "the code before", "what the -before run measured, for the report")
 	flag.StringVar(&afterLabel, "after-label", "this code", "what this run measures, for the report")
 	flag.Parse()
 
+	var err error
 	for _, s := range strings.Split(configs, ",") {
 		c, err := scale.ParseConfig(strings.TrimSpace(s))
 		if err != nil {
@@ -72,23 +75,28 @@ func run() error {
 	}
 	opts.Capacity, opts.NodeCap = int64(capMiB*scale.MiB), int64(nodeMiB*scale.MiB)
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	start := time.Now()
-	load := bench.MachineLoad()
-	rep, err := scale.Measure(ctx, opts)
-	if err != nil {
-		return err
+	var rep *scale.Report
+	if from != "" {
+		if rep, err = readReports(from); err != nil {
+			return err
+		}
+	} else {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		start := time.Now()
+		load := bench.MachineLoad()
+		if rep, err = scale.Measure(ctx, opts); err != nil {
+			return err
+		}
+		rep.Elapsed, rep.Load = time.Since(start), load
 	}
-	rep.Elapsed, rep.Load = time.Since(start), load
 	if jsonFile != "" {
 		if err := bench.WriteJSON(jsonFile, rep); err != nil {
 			return err
 		}
 	}
 	if before != "" {
-		rep.Before = &scale.Report{}
-		if err := bench.ReadJSON(before, rep.Before); err != nil {
+		if rep.Before, err = readReports(before); err != nil {
 			return err
 		}
 		rep.BeforeLabel, rep.AfterLabel = beforeLabel, afterLabel
@@ -104,4 +112,27 @@ func run() error {
 		fmt.Printf("  %-26s %-100s %-20s %s\n", c.Run, c.Target, c.Value, c.Verdict())
 	}
 	return nil
+}
+
+// readReports joins the reports of -json files: their runs in order, the
+// time they took together and the load at the start of each.
+func readReports(files string) (*scale.Report, error) {
+	var out *scale.Report
+	var loads []string
+	for _, f := range strings.Split(files, ",") {
+		rep := &scale.Report{}
+		if err := bench.ReadJSON(strings.TrimSpace(f), rep); err != nil {
+			return nil, err
+		}
+		loads = append(loads, rep.Load)
+		if out == nil {
+			out = rep
+			continue
+		}
+		out.Options.Configs = append(out.Options.Configs, rep.Options.Configs...)
+		out.Runs = append(out.Runs, rep.Runs...)
+		out.Elapsed += rep.Elapsed
+	}
+	out.Load = strings.Join(loads, "; ")
+	return out, nil
 }
