@@ -184,8 +184,7 @@ func (r Report) Checks() []Check {
 				out = append(out, check(n, target, fmt.Sprintf("never all held again; %d labeled succeeded", run.Succeeded), false))
 				break
 			}
-			refill := max(run.Refilled-run.Fault.End, 0)
-			out = append(out, check(n, target, fmt.Sprintf("%s; %d labeled succeeded", ms(refill), run.Succeeded), refill <= targetRefill && run.Succeeded >= c.Slots))
+			out = append(out, check(n, target, fmt.Sprintf("%s; %d labeled succeeded", refill(run), run.Succeeded), max(run.Refilled-run.Fault.End, 0) <= targetRefill && run.Succeeded >= c.Slots))
 		case c.Throttle > 0:
 			target := fmt.Sprintf("a failed take backs off: takes answered 429 per waiting node, last third of the throttle ÷ first ≤ %.1f", targetBackoff)
 			if run.Throttled[0] == 0 {
@@ -217,8 +216,8 @@ func (r Report) Checks() []Check {
 
 // beforeAfter is the table of the runs both reports have, side by side.
 func (r Report) beforeAfter(b *strings.Builder) {
-	fmt.Fprintf(b, "\n## Before and after\n\nThe same runs, same harness, on %s (before; load average %s at its start) and on %s (after, above), back to back. Each cell is before → after.\n\n", r.BeforeLabel, r.Before.Load, r.AfterLabel)
-	b.WriteString("| run | last label ÷ ideal | waiter req per waiting node per min | hand-over p50 / p99 | peak holders: agents / Leases / pulling (K) | slots lost | pulls cancelled | fault: backoff or longest idle |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "\n## Before and after\n\nThe same runs, same harness, on %s (before; load average %s at the start) and on %s (after, above; load average %s). Each cell is before → after.\n\n", r.BeforeLabel, r.Before.Load, r.AfterLabel, r.Load)
+	b.WriteString("| run | labeled succeeded | last label ÷ ideal | waiter req per waiting node per min | hand-over p50 / p99 | peak holders: agents / Leases / pulling (K) | slots lost | pulls cancelled | fault: backoff or longest idle |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, after := range r.Runs {
 		for _, before := range r.Before.Runs {
 			if before.Config != after.Config {
@@ -226,18 +225,28 @@ func (r Report) beforeAfter(b *strings.Builder) {
 			}
 			fault := "–"
 			switch c := after.Config; {
+			case c.Outage > 0:
+				fault = "all K held again " + refill(before) + " → " + refill(after)
 			case c.Throttle > 0:
 				fault = fmt.Sprintf("%.2f → %.2f", before.Backoff(), after.Backoff())
 			case c.Shrink > 0:
 				fault = ms(before.ShrinkIdle) + " → " + ms(after.ShrinkIdle)
 			}
-			fmt.Fprintf(b, "| %s | %s → %s | %.2f → %.2f | %s / %s → %s / %s | %d / %d / %d → %d / %d / %d (%d) | %d → %d | %d → %d | %s |\n",
-				after.Config.Name(), ratio(before), ratio(after), before.PerWaiterMinute(), after.PerWaiterMinute(),
+			fmt.Fprintf(b, "| %s | %d → %d | %s → %s | %.2f → %.2f | %s / %s → %s / %s | %d / %d / %d → %d / %d / %d (%d) | %d → %d | %d → %d | %s |\n",
+				after.Config.Name(), before.Succeeded, after.Succeeded, ratio(before), ratio(after), before.PerWaiterMinute(), after.PerWaiterMinute(),
 				ms(before.HandOverP50), ms(before.HandOverP99), ms(after.HandOverP50), ms(after.HandOverP99),
 				before.PeakHeldAgents, before.PeakHeldAPI, before.PeakPulling, after.PeakHeldAgents, after.PeakHeldAPI, after.PeakPulling, after.Config.Slots,
 				before.Lost, after.Lost, before.Cancelled, after.Cancelled, fault)
 		}
 	}
+}
+
+// refill is how long after the outage's end all K slots were held again.
+func refill(r Run) string {
+	if r.Refilled == 0 {
+		return "never"
+	}
+	return ms(max(r.Refilled-r.Fault.End, 0))
 }
 
 // ratio is the time to the last label over the ideal, or "–" for a run
