@@ -217,7 +217,7 @@ func (r Report) Checks() []Check {
 // beforeAfter is the table of the runs both reports have, side by side.
 func (r Report) beforeAfter(b *strings.Builder) {
 	fmt.Fprintf(b, "\n## Before and after\n\nThe same runs, same harness, on %s (before; load average %s at the start) and on %s (after, above; load average %s). Each cell is before → after.\n\n", r.BeforeLabel, r.Before.Load, r.AfterLabel, r.Load)
-	b.WriteString("| run | labeled succeeded | last label ÷ ideal | waiter req per waiting node per min | hand-over p50 / p99 | peak holders: agents / Leases / pulling (K) | slots lost | pulls cancelled | fault: backoff or longest idle |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | labeled succeeded | last label ÷ ideal | waiter req per waiting node per min | hand-over p50 / p99 | peak holders: agents / Leases / pulling (K) | slots lost | pulls cancelled | fault: refill, backoff or longest idle |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, after := range r.Runs {
 		for _, before := range r.Before.Runs {
 			if before.Config != after.Config {
