@@ -81,7 +81,7 @@ type Remover struct {
 	// matches.
 	Pod, List string
 	// MaxWait after Started the taint goes even with images missing; 0
-	// keeps it until the label says succeeded.
+	// keeps it until this pod's run found every image present.
 	MaxWait time.Duration
 	// Started is when the agent's pod first started on the node.
 	Started time.Time
