@@ -13,9 +13,7 @@ import (
 // place, so nothing keeps the label true any more. The evicted pod's watch
 // must see that, by the controller's own rule, and remove the key (issue
 // 26, finding 7).
-func TestUntoleratedNoExecuteTaint(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func untoleratedNoExecuteTaint(t *testing.T) {
 	const key = "interact.example.com/evict"
 	img := pushData(t, 2630, "evict", 64<<10)
 	// Narrowed tolerations: everything but the key this test puts on.

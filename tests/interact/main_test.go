@@ -9,10 +9,11 @@
 // cluster: Node labels, annotations and taints through watches, Events,
 // the registry's view of the pulls.
 //
-// The cases share the cluster and run in parallel, each on its own
-// instances, namespaces, taint keys and images; a case that needs the
-// whole cluster (an apiserver outage) runs after them. A new case is a
-// Test function that calls setup and, if it may share, t.Parallel().
+// The cases of TestCases share the cluster and run in parallel, each on
+// its own instances, namespaces, taint keys and images; a new case is a
+// function added to cases. A case that needs the whole cluster (an
+// apiserver outage) is a Test function of its own after TestCases, and
+// runs alone once they are done.
 //
 // Run: go test -p 1 -v ./tests/interact/ (after `make build tools
 // host-deps kube`).
@@ -53,6 +54,37 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2}, &c))
+}
+
+// cases share the cluster, in parallel.
+var cases = []struct {
+	name string
+	run  func(t *testing.T)
+}{
+	{"StartupTaintsOfSameNameInstances", startupTaintsOfSameNameInstances},
+	{"SharedTaintKey", sharedTaintKey},
+	{"RolloutKeepsTheKey", rolloutKeepsTheKey},
+	{"RolloutChangingTheListWithoutAnAgent", rolloutChangingTheListWithoutAnAgent},
+	{"UntoleratedNoExecuteTaint", untoleratedNoExecuteTaint},
+	{"ReferenceManifestLabels", referenceManifestLabels},
+	{"NamespaceAboveTheFunctionIsRefused", namespaceAboveTheFunctionIsRefused},
+}
+
+// TestCases runs the cases that share the cluster, in parallel.
+func TestCases(t *testing.T) {
+	setup(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.run(t)
+		})
+	}
+}
+
+// TestAPIOutage stops the apiserver: it runs after TestCases, alone.
+func TestAPIOutage(t *testing.T) {
+	setup(t)
+	herdWithMetricsThroughAnAPIOutage(t)
 }
 
 var (
@@ -110,9 +142,13 @@ type instance struct {
 	agentImage string
 	// refresh, when set, is watch's check interval (spec must hold
 	// refreshInterval: 1m; see cluster.ShortenRefresh).
-	refresh   time.Duration
-	dir       string
-	manifests []byte
+	refresh time.Duration
+	// forceRemove deletes the pods without a grace period: after an
+	// apiserver outage the kubelets take most of a minute to catch up
+	// with a graceful deletion, while the other cases wait.
+	forceRemove bool
+	dir         string
+	manifests   []byte
 }
 
 func (in *instance) key() string { return labelDomain + in.name }
@@ -196,7 +232,11 @@ func remove(t *testing.T, in *instance) {
 	if err := cs.AppsV1().DaemonSets(in.namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("clean-up: delete the DaemonSet of %s: %v", in.name, err)
 	}
-	_ = cs.CoreV1().Pods(in.namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel)
+	del := metav1.DeleteOptions{}
+	if in.forceRemove {
+		del.GracePeriodSeconds = new(int64)
+	}
+	_ = cs.CoreV1().Pods(in.namespace).DeleteCollection(ctx, del, sel)
 	if err := cluster.Poll(ctx, 200*time.Millisecond, "pods of "+in.name+" gone", func() (bool, string) {
 		pods, err := cs.CoreV1().Pods(in.namespace).List(ctx, sel)
 		if err != nil {

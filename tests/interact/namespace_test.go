@@ -122,9 +122,7 @@ spec:
 // The reference tool's manifests set no POD_NAMESPACE: the agent takes
 // its namespace from the pod's service-account directory and labels the
 // node (issue 26, finding 8).
-func TestReferenceManifestLabels(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func referenceManifestLabels(t *testing.T) {
 	const ns, name = "interact-legacy", "legacy"
 	img := pushData(t, 2640, "legacy", 64<<10)
 	node := nodeName(1)
@@ -143,9 +141,7 @@ func TestReferenceManifestLabels(t *testing.T) {
 // A namespace: applied above the function moves the agent away from its
 // admission policy and RBAC mark: the agent refuses to run, with a Warning
 // Event that says why, and writes nothing.
-func TestNamespaceAboveTheFunctionIsRefused(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func namespaceAboveTheFunctionIsRefused(t *testing.T) {
 	img := pushData(t, 2650, "moved", 64<<10)
 	in := deploy(t, &instance{name: "moved", namespace: "interact-home", above: "namespace: interact-moved\n", spec: images(img) + nodeSpec(1)})
 	in.namespace = "interact-moved"

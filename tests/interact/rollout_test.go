@@ -57,9 +57,7 @@ func waitDaemonSet(t *testing.T, in *instance, what string, cond func(*appsv1.Da
 // renames the DaemonSet after the function rendered the RBAC. A watch on
 // the node, open for the whole rollout, must never see the key leave
 // succeeded; deleting the DaemonSet then removes it.
-func TestRolloutKeepsTheKey(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func rolloutKeepsTheKey(t *testing.T) {
 	for i, tc := range []struct {
 		name, above string
 	}{
@@ -106,9 +104,7 @@ func TestRolloutKeepsTheKey(t *testing.T) {
 // list and marks the key failed; the new pod never runs; the key must stay
 // failed, never succeeded for a list the node does not have (issue 26,
 // finding 6).
-func TestRolloutChangingTheListWithoutAnAgent(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
 	old := pushData(t, 2620, "roll-old", 64<<10)
 	added := pushData(t, 2621, "roll-new", 64<<10)
 	in := deploy(t, &instance{name: "roll", namespace: "interact-roll", spec: images(old) + nodeSpec(1)})

@@ -17,9 +17,7 @@ import (
 // remove team-b's taint while team-b's images are missing; once they are
 // there, team-b's own run removes it. Neither policy gets in the other's
 // way (issue 26, findings 1 and 2).
-func TestStartupTaintsOfSameNameInstances(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func startupTaintsOfSameNameInstances(t *testing.T) {
 	const keyA, keyB = "interact.example.com/team-a", "interact.example.com/team-b"
 	node := nodeName(0)
 	for _, k := range []string{keyA, keyB} {
@@ -54,9 +52,7 @@ func TestStartupTaintsOfSameNameInstances(t *testing.T) {
 // for its own set. y registers on the node first and fails its first
 // pulls; x completes; the key stays until y's set is there too, then goes
 // (issue 26, finding 2).
-func TestSharedTaintKey(t *testing.T) {
-	setup(t)
-	t.Parallel()
+func sharedTaintKey(t *testing.T) {
 	const key = "interact.example.com/shared"
 	node := nodeName(1)
 	taintNode(t, 1, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
