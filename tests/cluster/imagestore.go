@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 )
 
 // ImageStore is the node's image store: its runtime's root directory.
@@ -67,16 +69,40 @@ func (n *Node) PeakImageStoreUse() (stop func() uint64) {
 	}
 }
 
-// HasImage reports whether the node's runtime has ref, through its CRI.
-func (n *Node) HasImage(ctx context.Context, ref string) (bool, error) {
+// Image is the CRI's status of ref on the node: nil when the node lacks
+// it. Pinned is what the kubelet's image GC reads.
+func (n *Node) Image(ctx context.Context, ref string) (*runtimeapi.Image, error) {
 	cri, err := n.CRI()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	defer cri.Close()
 	resp, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
 	if err != nil {
-		return false, fmt.Errorf("%s: ImageStatus %s: %w", n.Name, ref, err)
+		return nil, fmt.Errorf("%s: ImageStatus %s: %w", n.Name, ref, err)
 	}
-	return resp.GetImage() != nil, nil
+	return resp.GetImage(), nil
+}
+
+// HasImage reports whether the node's runtime has ref, through its CRI.
+func (n *Node) HasImage(ctx context.Context, ref string) (bool, error) {
+	img, err := n.Image(ctx, ref)
+	return img != nil, err
+}
+
+// ImageLabels returns the labels of the containerd image record name (a
+// normalized reference) in the CRI's namespace: the pin and the marks of
+// the instances that pinned it, read through containerd's images API on
+// the CRI socket as agent/pin writes them. Containerd nodes only.
+func (n *Node) ImageLabels(ctx context.Context, name string) (map[string]string, error) {
+	cri, err := n.CRI()
+	if err != nil {
+		return nil, err
+	}
+	defer cri.Close()
+	rec, err := pin.NewContainerd(cri.conn).Get(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: image record %s: %w", n.Name, name, err)
+	}
+	return rec.Labels, nil
 }
