@@ -7,7 +7,8 @@
 // applied; the real DaemonSet controller, scheduler and kubelets run the
 // agent image built the way `make oci` builds it. Assertions read the
 // cluster: Node labels, annotations and taints through watches, Events,
-// the registry's view of the pulls.
+// the registry's view of the pulls, the slot Leases and the agents' logs,
+// and the pins and marks on the nodes' containerd (2.4.2) image records.
 //
 // The cases of TestCases share the cluster and run in parallel, each on
 // its own instances, namespaces, taint keys and images; a new case is a
@@ -40,6 +41,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 )
@@ -53,7 +55,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, ">> interact: %v\n", err)
 		os.Exit(1)
 	}
-	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2}, &c))
+	// containerd 2.x, which pins (Debian's 1.6.20 cannot).
+	opts := cluster.Options{Nodes: 2, NodeRuntime: func(int) cluster.Runtime { return cluster.Containerd2 }}
+	os.Exit(cluster.RunMain(m, opts, &c))
 }
 
 // cases share the cluster, in parallel.
@@ -237,14 +241,18 @@ func remove(t *testing.T, in *instance) {
 		del.GracePeriodSeconds = new(int64)
 	}
 	_ = cs.CoreV1().Pods(in.namespace).DeleteCollection(ctx, del, sel)
-	if err := cluster.Poll(ctx, 200*time.Millisecond, "pods of "+in.name+" gone", func() (bool, string) {
-		pods, err := cs.CoreV1().Pods(in.namespace).List(ctx, sel)
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
+	// On a watch: done when the informer's store of the pods is empty.
+	lw := cache.NewFilteredListWatchFromClient(cs.CoreV1().RESTClient(), "pods", in.namespace, func(o *metav1.ListOptions) {
+		o.LabelSelector = sel.LabelSelector
+	})
+	var pods cache.Store
+	if _, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(store cache.Store) (bool, error) {
+		pods = store
+		return len(store.List()) == 0, nil
+	}, func(watch.Event) (bool, error) {
+		return len(pods.List()) == 0, nil
 	}); err != nil {
-		t.Errorf("clean-up: %v", err)
+		t.Errorf("clean-up: pods of %s not gone: %v", in.name, err)
 	}
 	file := filepath.Join(t.TempDir(), "manifests.yaml")
 	if err := os.WriteFile(file, in.manifests, 0o644); err != nil {
@@ -482,6 +490,39 @@ func pushData(t *testing.T, seed int64, name string, size int64) string {
 		t.Fatal(err)
 	}
 	return "ghcr.io/interact/" + name + ":v1"
+}
+
+// pinBudget is spec YAML for a pin budget in bytes: the default, a share
+// of the image filesystem, needs its capacity, which the agent reads
+// through a mount of the node's path that the harness's nodes lack.
+const pinBudget = "  pin:\n    budget: 64Mi\n"
+
+// pinOf is ref's pin on node i: whether the CRI reports the image pinned
+// (what the kubelet's image GC reads), and the labels of its containerd
+// record (the pin, and the mark of each instance that pinned it).
+func pinOf(t *testing.T, i int, ref string) (pinned bool, labels map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n := c.Nodes()[i]
+	img, err := n.Image(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img == nil {
+		t.Fatalf("%s is not on %s", ref, n.Name)
+	}
+	if labels, err = n.ImageLabels(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	return img.GetPinned(), labels
+}
+
+// pinsImages holds when the instance's annotation says its images are
+// pinned, n of them: the check that wrote it had set the pins.
+func pinsImages(n *corev1.Node, key string, want int) bool {
+	s, err := label.Parse(n.Annotations[key])
+	return err == nil && s.Pins != nil && s.Pins.Images == want
 }
 
 // images is spec YAML listing refs.

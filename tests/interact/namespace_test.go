@@ -1,17 +1,12 @@
 package interact_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // referenceManifest is a DaemonSet as the reference tool's deploy
@@ -161,29 +156,17 @@ func namespaceAboveTheFunctionIsRefused(t *testing.T) {
 // container has exited, and returns its exit code.
 func waitInitExit(t *testing.T, in *instance) int32 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	lw := cache.NewFilteredListWatchFromClient(cs.CoreV1().RESTClient(), "pods", in.namespace, func(o *metav1.ListOptions) {
-		o.LabelSelector = "app.kubernetes.io/instance=" + in.name
-	})
 	code := int32(-1)
-	if _, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
-		p, ok := ev.Object.(*corev1.Pod)
-		if !ok {
-			return false, nil
-		}
+	waitPod(t, in, "with an exited init container", func(p *corev1.Pod) bool {
 		for _, st := range p.Status.InitContainerStatuses {
 			for _, term := range []*corev1.ContainerStateTerminated{st.State.Terminated, st.LastTerminationState.Terminated} {
 				if term != nil {
 					code = term.ExitCode
-					return true, nil
+					return true
 				}
 			}
 		}
-		return false, nil
-	}); err != nil {
-		dumpPods(t, in.namespace)
-		t.Fatalf("no init container of %s exited: %v", in.name, err)
-	}
+		return false
+	})
 	return code
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 )
 
 // waitRolledOut waits until the controller has rolled the instance's
@@ -104,17 +106,31 @@ func rolloutKeepsTheKey(t *testing.T) {
 // list and marks the key failed; the new pod never runs; the key must stay
 // failed, never succeeded for a list the node does not have (issue 26,
 // finding 6).
+//
+// The pins: one image leaves the list. The old pod knows only the new
+// list's digest, not its images, so it leaves its pins as they are (only a
+// pod whose instance no longer covers the node removes them): the image
+// that left stays pinned under the instance's mark while no new pod runs.
+// A rollout with an agent image that can be pulled then runs the new
+// list's first check, which unpins it and pins the new image.
 func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
-	old := pushData(t, 2620, "roll-old", 64<<10)
+	left := pushData(t, 2620, "roll-left", 64<<10)
+	kept := pushData(t, 2622, "roll-kept", 64<<10)
 	added := pushData(t, 2621, "roll-new", 64<<10)
-	in := deploy(t, &instance{name: "roll", namespace: "interact-roll", spec: images(old) + nodeSpec(1)})
+	in := deploy(t, &instance{name: "roll", namespace: "interact-roll", spec: images(left, kept) + nodeSpec(1) + pinBudget})
 	node := nodeName(1)
-	waitNode(t, node, "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
-		return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
+	waitNode(t, node, "labeled, both images pinned", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+		return n.Labels[in.key()] == "succeeded" && pinsImages(n, in.key(), 2), keyState(n, in.key(), "")
 	})
 	waitRolledOut(t, in, 1)
+	mark := pin.MarkKey(in.namespace, in.name)
+	for _, ref := range []string{left, kept} {
+		if pinned, l := pinOf(t, 1, ref); !pinned || l[mark] == "" {
+			t.Errorf("%s: CRI pinned %v, labels %v: want pinned under %s", ref, pinned, l, mark)
+		}
+	}
 	w := watchKey(t, node, in.key())
-	in.spec = images(old, added) + nodeSpec(1)
+	in.spec = images(kept, added) + nodeSpec(1) + pinBudget
 	in.agentImage = strings.Replace(agentRef, ":", ":missing-", 1)
 	update(t, in)
 	n := waitNode(t, node, "the key failed", 2*time.Minute, func(n *corev1.Node) (bool, string) {
@@ -124,6 +140,42 @@ func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
 		t.Errorf("the annotation does not say the list changed: %s", ann)
 	}
 	// The new pod cannot start: its agent image does not exist.
+	waitPod(t, in, "failing to pull its agent image", func(p *corev1.Pod) bool {
+		for _, st := range p.Status.InitContainerStatuses {
+			if w := st.State.Waiting; w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff") {
+				return true
+			}
+		}
+		return false
+	})
+	if seen := w.finish(); slices.Contains(seen[1:], "succeeded") || seen[len(seen)-1] != "failed" {
+		t.Errorf("the label took the values %q, want succeeded, then failed for good", seen)
+	}
+	// The old pod is gone, and has left its pins.
+	if pinned, l := pinOf(t, 1, left); !pinned || l[mark] == "" {
+		t.Errorf("%s, which left the list, with no new pod running: CRI pinned %v, labels %v: want still pinned under %s", left, pinned, l, mark)
+	}
+
+	// An agent image that can be pulled: the new list's first check.
+	in.agentImage = ""
+	update(t, in)
+	waitNode(t, node, "labeled for the new list, its images pinned", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+		return n.Labels[in.key()] == "succeeded" && pinsImages(n, in.key(), 2), keyState(n, in.key(), "")
+	})
+	if pinned, l := pinOf(t, 1, left); pinned || l[mark] != "" || l[pin.PinLabel] != "" || l[pin.SetByKey] != "" {
+		t.Errorf("%s, which left the list: CRI pinned %v, labels %v: want unpinned, no label of this project", left, pinned, l)
+	}
+	for _, ref := range []string{kept, added} {
+		if pinned, l := pinOf(t, 1, ref); !pinned || l[mark] == "" {
+			t.Errorf("%s: CRI pinned %v, labels %v: want pinned under %s", ref, pinned, l, mark)
+		}
+	}
+}
+
+// waitPod waits, on a watch of the instance's pods, until one satisfies
+// cond.
+func waitPod(t *testing.T, in *instance, what string, cond func(*corev1.Pod) bool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	lw := cache.NewFilteredListWatchFromClient(cs.CoreV1().RESTClient(), "pods", in.namespace, func(o *metav1.ListOptions) {
@@ -131,20 +183,9 @@ func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
 	})
 	if _, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
 		p, ok := ev.Object.(*corev1.Pod)
-		if !ok {
-			return false, nil
-		}
-		for _, st := range p.Status.InitContainerStatuses {
-			if w := st.State.Waiting; w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff") {
-				return true, nil
-			}
-		}
-		return false, nil
+		return ok && cond(p), nil
 	}); err != nil {
 		dumpPods(t, in.namespace)
-		t.Fatalf("the new pod did not fail to pull its agent image: %v", err)
-	}
-	if seen := w.finish(); slices.Contains(seen[1:], "succeeded") || seen[len(seen)-1] != "failed" {
-		t.Errorf("the label took the values %q, want succeeded, then failed for good", seen)
+		t.Fatalf("no pod of %s %s: %v", in.name, what, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
 )
 
@@ -16,7 +17,10 @@ import (
 // team-a's: InstanceConflict), and team-a's succeeded on that key must not
 // remove team-b's taint while team-b's images are missing; once they are
 // there, team-b's own run removes it. Neither policy gets in the other's
-// way (issue 26, findings 1 and 2).
+// way (issue 26, findings 1 and 2). Both lists hold one shared image: each
+// instance pins it under a mark of its own (the key's conflict does not
+// stop team-b's pins), and uninstalling team-a removes only team-a's mark;
+// the shared image stays pinned for team-b.
 func startupTaintsOfSameNameInstances(t *testing.T) {
 	const keyA, keyB = "interact.example.com/team-a", "interact.example.com/team-b"
 	node := nodeName(0)
@@ -25,15 +29,16 @@ func startupTaintsOfSameNameInstances(t *testing.T) {
 	}
 	imgA := pushData(t, 2601, "same-a", 64<<10)
 	imgB := pushData(t, 2602, "same-b", 64<<10)
+	shared := pushData(t, 2605, "same-shared", 64<<10)
 	// team-b's image is missing for its first fetch: three attempts, then
 	// the kubelet restarts the init container.
 	c.Registry().Fail(registry.Match{Repo: "interact/same-b"}, 404, 3)
 
-	a := deploy(t, &instance{name: "web", namespace: "interact-team-a", spec: images(imgA) + nodeSpec(0) + "  startupTaint:\n    key: " + keyA + "\n"})
-	waitNode(t, node, "team-a labeled and its taint gone", 2*time.Minute, func(n *corev1.Node) (bool, string) {
-		return n.Labels[a.key()] == "succeeded" && !hasTaint(n, keyA), keyState(n, a.key(), keyA)
+	a := deploy(t, &instance{name: "web", namespace: "interact-team-a", spec: images(imgA, shared) + nodeSpec(0) + pinBudget + "  startupTaint:\n    key: " + keyA + "\n"})
+	waitNode(t, node, "team-a labeled, its taint gone, its images pinned", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+		return n.Labels[a.key()] == "succeeded" && !hasTaint(n, keyA) && pinsImages(n, a.key(), 2), keyState(n, a.key(), keyA)
 	})
-	deploy(t, &instance{name: "web", namespace: "interact-team-b", spec: images(imgB) + nodeSpec(0) + "  startupTaint:\n    key: " + keyB + "\n    maxWait: 30m\n"})
+	deploy(t, &instance{name: "web", namespace: "interact-team-b", spec: images(imgB, shared) + nodeSpec(0) + pinBudget + "  startupTaint:\n    key: " + keyB + "\n    maxWait: 30m\n"})
 	// team-b's first fetch has pulled and failed (its image missing), and
 	// met team-a's key: its taint must still be there.
 	waitEvent(t, "interact-team-b", "InstanceConflict", 2*time.Minute)
@@ -45,6 +50,21 @@ func startupTaintsOfSameNameInstances(t *testing.T) {
 	})
 	if ann := n.Annotations[a.key()]; n.Labels[a.key()] != "succeeded" || !strings.HasPrefix(ann, `{"owner":{"namespace":"interact-team-a","name":"web",`) {
 		t.Errorf("the key changed hands: %q %s", n.Labels[a.key()], ann)
+	}
+
+	// team-b's first fetch, which exited before the run that removed its
+	// taint started, had pinned what was there: the shared image.
+	markA, markB := pin.MarkKey("interact-team-a", "web"), pin.MarkKey("interact-team-b", "web")
+	if pinned, l := pinOf(t, 0, shared); !pinned || l[markA] == "" || l[markB] == "" {
+		t.Errorf("shared image: CRI pinned %v, labels %v: want pinned, with the marks of team-a and team-b", pinned, l)
+	}
+	// Uninstalling team-a: its watch removes the key, then its marks.
+	remove(t, a)
+	if pinned, l := pinOf(t, 0, shared); !pinned || l[markA] != "" || l[markB] == "" || l[pin.PinLabel] != pin.PinValue {
+		t.Errorf("shared image after team-a's uninstall: CRI pinned %v, labels %v: want pinned, with team-b's mark only", pinned, l)
+	}
+	if pinned, l := pinOf(t, 0, imgA); pinned || l[markA] != "" || l[pin.PinLabel] != "" || l[pin.SetByKey] != "" {
+		t.Errorf("team-a's own image after its uninstall: CRI pinned %v, labels %v: want unpinned, no label of this project", pinned, l)
 	}
 }
 
