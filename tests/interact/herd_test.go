@@ -3,26 +3,34 @@ package interact_test
 import (
 	"bufio"
 	"context"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
-	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
 )
 
-// holding is one node's time holding the pull slot, from its agent's log:
-// from "acquired pull slot" to "lost the pull slot" or "released pull
-// slot"; end is zero while it still holds.
+// holding is one node's time with the pull slot, from its agent's log: from
+// "acquired pull slot" to the first of "lost the pull slot; stopped
+// pulling" (its pulls cancelled), "released pull slot" or "could not
+// release pull slot" (its pulls over); end is zero while it still holds.
 type holding struct {
-	node       string
-	start, end time.Time
+	node, holder string
+	start, end   time.Time
 }
+
+var holderField = regexp.MustCompile(` holder=(\S+)`)
 
 // holdings reads the slot holdings of every pod of the instance from its
 // fetch container's log (text format: time=... msg="...").
@@ -34,7 +42,7 @@ func holdings(t *testing.T, in *instance) []holding {
 		if err != nil {
 			t.Fatalf("logs of %s: %v", p.Name, err)
 		}
-		var open *holding
+		open := -1
 		sc := bufio.NewScanner(strings.NewReader(string(raw)))
 		for sc.Scan() {
 			line := sc.Text()
@@ -44,10 +52,15 @@ func holdings(t *testing.T, in *instance) []holding {
 			}
 			switch {
 			case strings.Contains(line, `msg="acquired pull slot"`):
-				out = append(out, holding{node: p.Spec.NodeName, start: at})
-				open = &out[len(out)-1]
-			case open != nil && (strings.Contains(line, `msg="lost the pull slot`) || strings.Contains(line, `msg="released pull slot"`)):
-				open.end, open = at, nil
+				h := holding{node: p.Spec.NodeName, start: at}
+				if m := holderField.FindStringSubmatch(line); m != nil {
+					h.holder = m[1]
+				}
+				out = append(out, h)
+				open = len(out) - 1
+			case open >= 0 && (strings.Contains(line, `msg="lost the pull slot; stopped pulling`) ||
+				strings.Contains(line, `msg="released pull slot"`) || strings.Contains(line, `msg="could not release pull slot`)):
+				out[open].end, open = at, -1
 			}
 		}
 	}
@@ -82,22 +95,48 @@ func mostAtOnce(hs []holding) int {
 	return most
 }
 
+// waitLease waits, on a watch of the Lease, until cond holds, and returns
+// it.
+func waitLease(t *testing.T, ns, name, what string, timeout time.Duration, cond func(*coordinationv1.Lease) bool) *coordinationv1.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	lw := cache.NewListWatchFromClient(cs.CoordinationV1().RESTClient(), "leases", ns, fields.OneTermEqualSelector("metadata.name", name))
+	ev, err := watchtools.UntilWithSync(ctx, lw, &coordinationv1.Lease{}, nil, func(ev watch.Event) (bool, error) {
+		l, ok := ev.Object.(*coordinationv1.Lease)
+		return ok && cond(l), nil
+	})
+	if err != nil {
+		dumpPods(t, ns)
+		t.Fatalf("waiting for %s (Lease %s/%s): %v", what, ns, name, err)
+	}
+	return ev.Object.(*coordinationv1.Lease)
+}
+
+func leaseHolder(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
 // Herd control with metrics on, maxConcurrentNodes 1, two nodes, through
-// an apiserver outage longer than a slot's lease (15 s): the holder cannot
-// renew, and must stop pulling before the lease runs out, when the other
-// node may take the slot. With metrics on, the gate used to hide the
-// slot's loss, the holder pulled on, and two nodes pulled at once once the
-// apiserver was back (issue 26, finding 5). The agents' own logs tell when
-// each held the slot: the holder let it go within the lease, and never
-// did two hold it at once.
+// an apiserver outage longer than a slot's lease: the holder cannot renew,
+// and must stop pulling before the lease runs out, when the other node may
+// take the slot. With metrics on, the gate used to hide the slot's loss:
+// the holder pulled on through the outage, and both nodes pulled at once
+// once the apiserver was back (issue 26, finding 5).
 //
-// It stops the apiserver, so it runs alone, after the other cases: the
-// kubelets and controllers take a while to catch up after an outage.
+// The Lease says who held the slot when the outage began, and when it was
+// taken again after it; the agents' own logs say when each node held it
+// and stopped pulling. The holder must have stopped within the lease of
+// the outage's start, before the slot was taken again, and no two nodes
+// may ever have held it at once, through to both nodes' labels.
+//
+// It stops the apiserver, so it runs alone, after the other cases.
 func herdWithMetricsThroughAnAPIOutage(t *testing.T) {
-	const (
-		outage = 20 * time.Second // longer than the lease
-		lease  = 15 * time.Second // agent/slots' lease duration
-	)
+	const outage = 20 * time.Second // longer than the lease
+	lease := slots.DefaultLeaseDuration
 	img, err := ociimage.Data(2660, 1<<20, 1<<20, 1<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -107,51 +146,60 @@ func herdWithMetricsThroughAnAPIOutage(t *testing.T) {
 	if err := c.Push(ctx, img, "interact/herd:v1"); err != nil {
 		t.Fatal(err)
 	}
-	// About 30 s for the 3 MiB: the holder is still pulling when the
-	// outage takes its slot away.
-	c.Registry().Throttle(registry.Match{Repo: "interact/herd"}, 100<<10)
+	// About 60 s for the 3 MiB: had the holder pulled on, it would still
+	// be pulling when the outage took its slot away, and when the slot was
+	// taken again after it.
+	c.Registry().Throttle(registry.Match{Repo: "interact/herd"}, 50<<10)
 	t.Cleanup(c.Registry().ClearFaults)
-	in := deploy(t, &instance{name: "herd", namespace: "interact-herd", forceRemove: true, spec: images("ghcr.io/interact/herd:v1") +
+	in := deploy(t, &instance{name: "herd", namespace: "interact-herd", forceRemove: true, spec: images("ghcr.io/interact/herd:v1") + pinBudget +
 		"  pull:\n    maxConcurrentNodes: 1\n    initialAttemptTimeout: 5m\n  metrics:\n    enabled: true\n"})
-	if err := cluster.Poll(ctx, 200*time.Millisecond, "a node holding the slot", func() (bool, string) {
-		l, err := cs.CoordinationV1().Leases(in.namespace).Get(ctx, "herd-slot-0", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "", "no holder"
-	}); err != nil {
-		dumpPods(t, in.namespace)
-		t.Fatal(err)
-	}
-	t.Logf("stopping the apiserver for %v", outage)
+	slot := slots.SlotName(in.name, 0)
+	before := waitLease(t, in.namespace, slot, "a node holding the slot", 2*time.Minute, func(l *coordinationv1.Lease) bool {
+		return leaseHolder(l) != ""
+	})
+	t.Logf("%s holds the slot; stopping the apiserver for %v", leaseHolder(before), outage)
 	if err := c.StopAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The holder's last renewal came before this: it logged the slot's
-	// acquisition after writing it.
+	// The holder's last renewal was written before this.
 	stopped := time.Now()
 	select { // the fault lasts a fixed time: that is what is tested
 	case <-time.After(outage):
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
 	}
+	// The registry throttles a transfer for its whole life: a node that
+	// pulled on through the outage still pulls slowly, while every pull
+	// started with a slot taken after the outage goes at full speed.
+	c.Registry().ClearFaults()
 	if err := c.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
+	after := waitLease(t, in.namespace, slot, "the slot taken again after the outage", 2*time.Minute, func(l *coordinationv1.Lease) bool {
+		return leaseHolder(l) != "" && l.Spec.AcquireTime != nil && !l.Spec.AcquireTime.Equal(before.Spec.AcquireTime)
+	})
+	t.Logf("%s took the slot at %s", leaseHolder(after), after.Spec.AcquireTime.Format("15:04:05.000"))
+	for i := range c.Nodes() {
+		waitNode(t, nodeName(i), "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+			return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
+		})
+	}
+
 	hs := holdings(t, in)
 	var holder *holding
 	for i, h := range hs {
-		t.Logf("%s held the slot from %s to %s", h.node, h.start.Format("15:04:05.000"), h.end.Format("15:04:05.000"))
-		if h.start.Before(stopped) && (h.end.IsZero() || h.end.After(stopped)) {
+		t.Logf("%s (%s) held the slot from %s to %s", h.node, h.holder, h.start.Format("15:04:05.000"), h.end.Format("15:04:05.000"))
+		if holder == nil && h.holder == leaseHolder(before) {
 			holder = &hs[i]
 		}
 	}
 	switch {
 	case holder == nil:
-		dumpPods(t, in.namespace)
-		t.Fatal("no node held the slot when the outage began")
+		t.Errorf("no agent log says it acquired the slot as %s, its holder when the outage began", leaseHolder(before))
 	case holder.end.IsZero() || !holder.end.Before(stopped.Add(lease)):
-		t.Errorf("%s went on holding the slot %v into the outage, past the lease, when the other node may take it", holder.node, lease)
+		t.Errorf("%s went on pulling %v into the outage, past the lease, when the other node may take the slot", holder.node, lease)
+	case !holder.end.Before(after.Spec.AcquireTime.Time):
+		t.Errorf("%s still pulled when the slot was taken again after the outage", holder.node)
 	}
 	if n := mostAtOnce(hs); n > 1 {
 		t.Errorf("%d nodes held the slot at once with maxConcurrentNodes 1", n)
