@@ -38,12 +38,8 @@ func holdings(t *testing.T, in *instance) []holding {
 	t.Helper()
 	var out []holding
 	for _, p := range podsOf(t, in) {
-		raw, err := cs.CoreV1().Pods(in.namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: "fetch"}).DoRaw(context.Background())
-		if err != nil {
-			t.Fatalf("logs of %s: %v", p.Name, err)
-		}
 		open := -1
-		sc := bufio.NewScanner(strings.NewReader(string(raw)))
+		sc := bufio.NewScanner(strings.NewReader(podLog(t, p, "fetch")))
 		for sc.Scan() {
 			line := sc.Text()
 			at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(strings.Fields(line + " ")[0], "time="))
@@ -65,6 +61,16 @@ func holdings(t *testing.T, in *instance) []holding {
 		}
 	}
 	return out
+}
+
+// podLog is the log of a container of p.
+func podLog(t *testing.T, p corev1.Pod, container string) string {
+	t.Helper()
+	raw, err := cs.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: container}).DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("log of %s/%s: %v", p.Name, container, err)
+	}
+	return string(raw)
 }
 
 // mostAtOnce is the most holdings open at one moment.

@@ -56,9 +56,10 @@ func waitDaemonSet(t *testing.T, in *instance, what string, cond func(*appsv1.Da
 // layerings where the agent once lost its DaemonSet (issue 26, findings 3
 // and 4): a 63-character instance name, whose pods' generated names the
 // apiserver cuts, and a namePrefix applied above the function, which
-// renames the DaemonSet after the function rendered the RBAC. A watch on
-// the node, open for the whole rollout, must never see the key leave
-// succeeded; deleting the DaemonSet then removes it.
+// renames the DaemonSet after the function rendered the RBAC. With herd
+// control on, fetch reads the herd's size from that DaemonSet and takes a
+// slot. A watch on the node, open for the whole rollout, must never see
+// the key leave succeeded; deleting the DaemonSet then removes it.
 func rolloutKeepsTheKey(t *testing.T) {
 	for i, tc := range []struct {
 		name, above string
@@ -69,7 +70,8 @@ func rolloutKeepsTheKey(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-characters%s", len(tc.name), map[bool]string{true: "-namePrefix-above"}[tc.above != ""]), func(t *testing.T) {
 			t.Parallel()
 			img := pushData(t, int64(2610+i), "keep-"+fmt.Sprint(i), 64<<10)
-			in := &instance{name: tc.name, namespace: fmt.Sprintf("interact-keep-%d", i), above: tc.above, spec: images(img) + nodeSpec(i)}
+			herd := "  pull:\n    maxConcurrentNodes: 1\n"
+			in := &instance{name: tc.name, namespace: fmt.Sprintf("interact-keep-%d", i), above: tc.above, spec: images(img) + nodeSpec(i) + herd}
 			deploy(t, in)
 			node := nodeName(i)
 			waitNode(t, node, "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
@@ -77,10 +79,13 @@ func rolloutKeepsTheKey(t *testing.T) {
 			})
 			waitRolledOut(t, in, 1)
 			old := podsOf(t, in)
+			if log := podLog(t, old[0], "fetch"); !strings.Contains(log, `msg="acquired pull slot"`) || strings.Contains(log, "cannot read the DaemonSet's size") {
+				t.Errorf("fetch did not read its DaemonSet's size, or took no slot:\n%s", tail(log, 12))
+			}
 			w := watchKey(t, node, in.key())
 			// Only the agent's resources change (under spec.agent, which
 			// holds the image): the same list.
-			in.spec = "    resources:\n      requests:\n        cpu: 7m\n" + images(img) + nodeSpec(i)
+			in.spec = "    resources:\n      requests:\n        cpu: 7m\n" + images(img) + nodeSpec(i) + herd
 			update(t, in)
 			waitRolledOut(t, in, 1)
 			now := podsOf(t, in)
