@@ -133,16 +133,17 @@ func leaseHolder(l *coordinationv1.Lease) string {
 // the holder pulled on through the outage, and both nodes pulled at once
 // once the apiserver was back (issue 26, finding 5).
 //
-// The Lease says who held the slot when the outage began, and when it was
-// taken again after it; the agents' own logs say when each node held it
-// and stopped pulling. The holder must have stopped within the lease of
-// the outage's start, before the slot was taken again, and no two nodes
-// may ever have held it at once, through to both nodes' labels.
+// The Lease says who held the slot when the outage began; the agents' own
+// logs say when each node held it and stopped pulling. The holder must
+// have stopped within the lease of the outage's start, before the slot
+// was taken again after it, and no two nodes may ever have held it at
+// once, through to both nodes' labels. (The Lease cannot tell the rest:
+// the takes after the outage last well under a second, and a watch that
+// resumed across the restart, from the version it last saw, missed them.)
 //
 // It stops the apiserver, so it runs alone, after the other cases.
 func herdWithMetricsThroughAnAPIOutage(t *testing.T) {
 	const outage = 20 * time.Second // longer than the lease
-	lease := slots.DefaultLeaseDuration
 	img, err := ociimage.Data(2660, 1<<20, 1<<20, 1<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -159,11 +160,10 @@ func herdWithMetricsThroughAnAPIOutage(t *testing.T) {
 	t.Cleanup(c.Registry().ClearFaults)
 	in := deploy(t, &instance{name: "herd", namespace: "interact-herd", forceRemove: true, spec: images("ghcr.io/interact/herd:v1") + pinBudget +
 		"  pull:\n    maxConcurrentNodes: 1\n    initialAttemptTimeout: 5m\n  metrics:\n    enabled: true\n"})
-	slot := slots.SlotName(in.name, 0)
-	before := waitLease(t, in.namespace, slot, "a node holding the slot", 2*time.Minute, func(l *coordinationv1.Lease) bool {
+	lease := waitLease(t, in.namespace, slots.SlotName(in.name, 0), "a node holding the slot", 2*time.Minute, func(l *coordinationv1.Lease) bool {
 		return leaseHolder(l) != ""
 	})
-	t.Logf("%s holds the slot; stopping the apiserver for %v", leaseHolder(before), outage)
+	t.Logf("%s holds the slot; stopping the apiserver for %v", leaseHolder(lease), outage)
 	if err := c.StopAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +181,6 @@ func herdWithMetricsThroughAnAPIOutage(t *testing.T) {
 	if err := c.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := waitLease(t, in.namespace, slot, "the slot taken again after the outage", 2*time.Minute, func(l *coordinationv1.Lease) bool {
-		return leaseHolder(l) != "" && l.Spec.AcquireTime != nil && !l.Spec.AcquireTime.Equal(before.Spec.AcquireTime)
-	})
-	t.Logf("%s took the slot at %s", leaseHolder(after), after.Spec.AcquireTime.Format("15:04:05.000"))
 	for i := range c.Nodes() {
 		waitNode(t, nodeName(i), "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
 			return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
@@ -192,20 +188,25 @@ func herdWithMetricsThroughAnAPIOutage(t *testing.T) {
 	}
 
 	hs := holdings(t, in)
-	var holder *holding
+	var holder, retaken *holding
 	for i, h := range hs {
 		t.Logf("%s (%s) held the slot from %s to %s", h.node, h.holder, h.start.Format("15:04:05.000"), h.end.Format("15:04:05.000"))
-		if holder == nil && h.holder == leaseHolder(before) {
+		if holder == nil && h.holder == leaseHolder(lease) {
 			holder = &hs[i]
+		}
+		if h.start.After(stopped) && (retaken == nil || h.start.Before(retaken.start)) {
+			retaken = &hs[i]
 		}
 	}
 	switch {
 	case holder == nil:
-		t.Errorf("no agent log says it acquired the slot as %s, its holder when the outage began", leaseHolder(before))
-	case holder.end.IsZero() || !holder.end.Before(stopped.Add(lease)):
-		t.Errorf("%s went on pulling %v into the outage, past the lease, when the other node may take the slot", holder.node, lease)
-	case !holder.end.Before(after.Spec.AcquireTime.Time):
-		t.Errorf("%s still pulled when the slot was taken again after the outage", holder.node)
+		t.Errorf("no agent log says it acquired the slot as %s, its holder when the outage began", leaseHolder(lease))
+	case retaken == nil:
+		t.Errorf("no agent log says the slot was taken after the outage, though %s was cut off and both nodes are labeled", holder.node)
+	case holder.end.IsZero() || !holder.end.Before(stopped.Add(slots.DefaultLeaseDuration)):
+		t.Errorf("%s went on pulling %v into the outage, past the lease, when the other node may take the slot", holder.node, slots.DefaultLeaseDuration)
+	case !holder.end.Before(retaken.start):
+		t.Errorf("%s still pulled when %s took the slot after the outage", holder.node, retaken.node)
 	}
 	if n := mostAtOnce(hs); n > 1 {
 		t.Errorf("%d nodes held the slot at once with maxConcurrentNodes 1", n)
