@@ -12,9 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
@@ -108,15 +106,12 @@ func waitLease(t *testing.T, ns, name, what string, timeout time.Duration, cond 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	lw := cache.NewListWatchFromClient(cs.CoordinationV1().RESTClient(), "leases", ns, fields.OneTermEqualSelector("metadata.name", name))
-	ev, err := watchtools.UntilWithSync(ctx, lw, &coordinationv1.Lease{}, nil, func(ev watch.Event) (bool, error) {
-		l, ok := ev.Object.(*coordinationv1.Lease)
-		return ok && cond(l), nil
-	})
+	l, err := until(ctx, lw, &coordinationv1.Lease{}, cond)
 	if err != nil {
 		dumpPods(t, ns)
 		t.Fatalf("waiting for %s (Lease %s/%s): %v", what, ns, name, err)
 	}
-	return ev.Object.(*coordinationv1.Lease)
+	return l
 }
 
 func leaseHolder(l *coordinationv1.Lease) string {

@@ -35,6 +35,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -338,6 +339,20 @@ func hasTaint(n *corev1.Node, key string) bool {
 	return false
 }
 
+// until watches what lw lists, of the type of obj, until cond holds for
+// one of them, and returns it; ctx bounds the wait.
+func until[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, obj T, cond func(T) bool) (T, error) {
+	ev, err := watchtools.UntilWithSync(ctx, lw, obj, nil, func(ev watch.Event) (bool, error) {
+		o, ok := ev.Object.(T)
+		return ok && cond(o), nil
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return ev.Object.(T), nil
+}
+
 // waitNode waits, on a watch of the node, until cond holds, and returns
 // the node as it then was. what says what is awaited; the last state cond
 // described is in the error.
@@ -347,22 +362,18 @@ func waitNode(t *testing.T, name, what string, timeout time.Duration, cond func(
 	defer cancel()
 	lw := cache.NewListWatchFromClient(cs.CoreV1().RESTClient(), "nodes", "", fields.OneTermEqualSelector("metadata.name", name))
 	last := ""
-	ev, err := watchtools.UntilWithSync(ctx, lw, &corev1.Node{}, nil, func(ev watch.Event) (bool, error) {
-		n, ok := ev.Object.(*corev1.Node)
-		if !ok {
-			return false, nil
-		}
+	n, err := until(ctx, lw, &corev1.Node{}, func(n *corev1.Node) bool {
 		done, state := cond(n)
 		if state != last {
 			last = state
 			t.Logf("%s: %s", name, state)
 		}
-		return done, nil
+		return done
 	})
 	if err != nil {
 		t.Fatalf("waiting for %s on %s: %v (last: %s)", what, name, err, last)
 	}
-	return ev.Object.(*corev1.Node)
+	return n
 }
 
 // keyState describes an instance's key and a taint on a node, for logs.
@@ -439,15 +450,12 @@ func waitEvent(t *testing.T, ns, reason string, timeout time.Duration) corev1.Ev
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	lw := cache.NewListWatchFromClient(cs.CoreV1().RESTClient(), "events", ns, fields.OneTermEqualSelector("reason", reason))
-	ev, err := watchtools.UntilWithSync(ctx, lw, &corev1.Event{}, nil, func(ev watch.Event) (bool, error) {
-		e, ok := ev.Object.(*corev1.Event)
-		return ok && e.InvolvedObject.Kind == "Pod", nil
-	})
+	e, err := until(ctx, lw, &corev1.Event{}, func(e *corev1.Event) bool { return e.InvolvedObject.Kind == "Pod" })
 	if err != nil {
 		dumpPods(t, ns)
 		t.Fatalf("waiting for an Event %s in %s: %v", reason, ns, err)
 	}
-	return *ev.Object.(*corev1.Event)
+	return *e
 }
 
 // dumpPods logs a namespace's pods and the ends of their agents' logs.

@@ -11,9 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 )
@@ -38,14 +36,10 @@ func waitDaemonSet(t *testing.T, in *instance, what string, cond func(*appsv1.Da
 		o.LabelSelector = "app.kubernetes.io/instance=" + in.name
 	})
 	last := ""
-	if _, err := watchtools.UntilWithSync(ctx, lw, &appsv1.DaemonSet{}, nil, func(ev watch.Event) (bool, error) {
-		ds, ok := ev.Object.(*appsv1.DaemonSet)
-		if !ok {
-			return false, nil
-		}
+	if _, err := until(ctx, lw, &appsv1.DaemonSet{}, func(ds *appsv1.DaemonSet) bool {
 		s := ds.Status
 		last = fmt.Sprintf("generation %d/%d desired %d updated %d ready %d", s.ObservedGeneration, ds.Generation, s.DesiredNumberScheduled, s.UpdatedNumberScheduled, s.NumberReady)
-		return cond(ds), nil
+		return cond(ds)
 	}); err != nil {
 		dumpPods(t, in.namespace)
 		t.Fatalf("DaemonSet of %s not %s: %v (last: %s)", in.name, what, err, last)
@@ -156,7 +150,7 @@ func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
 	if seen := w.finish(); slices.Contains(seen[1:], "succeeded") || seen[len(seen)-1] != "failed" {
 		t.Errorf("the label took the values %q, want succeeded, then failed for good", seen)
 	}
-	// The old pod is gone, and has left its pins.
+	// The old pod has terminated, and left its pins.
 	if pinned, l := pinOf(t, 1, left); !pinned || l[mark] == "" {
 		t.Errorf("%s, which left the list, with no new pod running: CRI pinned %v, labels %v: want still pinned under %s", left, pinned, l, mark)
 	}
@@ -186,10 +180,7 @@ func waitPod(t *testing.T, in *instance, what string, cond func(*corev1.Pod) boo
 	lw := cache.NewFilteredListWatchFromClient(cs.CoreV1().RESTClient(), "pods", in.namespace, func(o *metav1.ListOptions) {
 		o.LabelSelector = "app.kubernetes.io/instance=" + in.name
 	})
-	if _, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
-		p, ok := ev.Object.(*corev1.Pod)
-		return ok && cond(p), nil
-	}); err != nil {
+	if _, err := until(ctx, lw, &corev1.Pod{}, cond); err != nil {
 		dumpPods(t, in.namespace)
 		t.Fatalf("no pod of %s %s: %v", in.name, what, err)
 	}
