@@ -115,6 +115,11 @@ func newFetch(deps *Deps) *cobra.Command {
 				if err := a.labeler.Apply(ctx, s); err != nil {
 					settleTaint()
 					if a.ownerConflict(ctx, err) {
+						// Pins serve the key, which is another instance's
+						// here; and this pod's watch, which unpins when the
+						// instance goes, never runs: leave no pin behind.
+						waitPins()
+						a.unpinAll(ctx, time.Now())
 						// The init container fails, so that the pod shows the
 						// conflict rather than run beside a label that lies.
 						return &ExitCodeError{Code: ExitOwnerConflict, Err: errSilent}
