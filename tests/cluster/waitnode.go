@@ -35,6 +35,16 @@ func LabelIs(key, value, reason string) func(*corev1.Node) bool {
 	}
 }
 
+// HasTaint reports whether n carries a taint with key, of any effect.
+func HasTaint(n *corev1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
 // WaitNode watches the Node name until cond holds for it, and returns it:
 // each change is seen as it is made, with no polling. ctx bounds the wait.
 func (c *Cluster) WaitNode(ctx context.Context, name string, cond func(*corev1.Node) bool) (*corev1.Node, error) {

@@ -15,7 +15,7 @@ import (
 // 26, finding 7).
 func untoleratedNoExecuteTaint(t *testing.T) {
 	const key = "interact.example.com/evict"
-	img := pushData(t, 2630, "evict", 64<<10)
+	img := c.PushData(t, 2630, 64<<10, "evict")[0]
 	// Narrowed tolerations: everything but the key this test puts on.
 	in := deploy(t, &instance{name: "evict", namespace: "interact-evict",
 		spec: images(img) + nodeSpec(0) + "  tolerations:\n  - key: interact.example.com/other\n    operator: Exists\n"})

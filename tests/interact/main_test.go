@@ -44,7 +44,6 @@ import (
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
-	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 )
 
 const labelDomain = "image-prefetcher.stackrox.io/"
@@ -330,15 +329,6 @@ func getNode(t *testing.T, name string) *corev1.Node {
 	return n
 }
 
-func hasTaint(n *corev1.Node, key string) bool {
-	for _, x := range n.Spec.Taints {
-		if x.Key == key {
-			return true
-		}
-	}
-	return false
-}
-
 // until watches what lw lists, of the type of obj, until cond holds for
 // one of them, and returns it; ctx bounds the wait.
 func until[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, obj T, cond func(T) bool) (T, error) {
@@ -380,7 +370,7 @@ func waitNode(t *testing.T, name, what string, timeout time.Duration, cond func(
 func keyState(n *corev1.Node, key, taintKey string) string {
 	s := fmt.Sprintf("label %q", n.Labels[key])
 	if taintKey != "" {
-		s += fmt.Sprintf(", taint %s present %v", taintKey, hasTaint(n, taintKey))
+		s += fmt.Sprintf(", taint %s present %v", taintKey, cluster.HasTaint(n, taintKey))
 	}
 	return s
 }
@@ -482,22 +472,6 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return "    " + strings.Join(lines, "\n    ")
-}
-
-// pushData pushes an image of one random layer of size bytes as
-// interact/<name>:v1 and returns the reference pods use.
-func pushData(t *testing.T, seed int64, name string, size int64) string {
-	t.Helper()
-	img, err := ociimage.Data(seed, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.Push(ctx, img, "interact/"+name+":v1"); err != nil {
-		t.Fatal(err)
-	}
-	return "ghcr.io/interact/" + name + ":v1"
 }
 
 // pinBudget is spec YAML for a pin budget in bytes: the default, a share

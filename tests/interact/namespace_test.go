@@ -119,7 +119,7 @@ spec:
 // node (issue 26, finding 8).
 func referenceManifestLabels(t *testing.T) {
 	const ns, name = "interact-legacy", "legacy"
-	img := pushData(t, 2640, "legacy", 64<<10)
+	img := c.PushData(t, 2640, 64<<10, "legacy")[0]
 	node := nodeName(1)
 	manifests := []byte(referenceManifest(ns, name, node, agentRef, img))
 	in := &instance{name: name, namespace: ns, manifests: manifests}
@@ -137,7 +137,7 @@ func referenceManifestLabels(t *testing.T) {
 // admission policy and RBAC mark: the agent refuses to run, with a Warning
 // Event that says why, and writes nothing.
 func namespaceAboveTheFunctionIsRefused(t *testing.T) {
-	img := pushData(t, 2650, "moved", 64<<10)
+	img := c.PushData(t, 2650, 64<<10, "moved")[0]
 	in := deploy(t, &instance{name: "moved", namespace: "interact-home", above: "namespace: interact-moved\n", spec: images(img) + nodeSpec(1)})
 	in.namespace = "interact-moved"
 	ev := waitEvent(t, "interact-moved", "InstanceMoved", 2*time.Minute)

@@ -63,7 +63,7 @@ func rolloutKeepsTheKey(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%d-characters%s", len(tc.name), map[bool]string{true: "-namePrefix-above"}[tc.above != ""]), func(t *testing.T) {
 			t.Parallel()
-			img := pushData(t, int64(2610+i), "keep-"+fmt.Sprint(i), 64<<10)
+			img := c.PushData(t, int64(2610+i), 64<<10, "keep-"+fmt.Sprint(i))[0]
 			herd := "  pull:\n    maxConcurrentNodes: 1\n"
 			in := &instance{name: tc.name, namespace: fmt.Sprintf("interact-keep-%d", i), above: tc.above, spec: images(img) + nodeSpec(i) + herd}
 			deploy(t, in)
@@ -113,9 +113,9 @@ func rolloutKeepsTheKey(t *testing.T) {
 // A rollout with an agent image that can be pulled then runs the new
 // list's first check, which unpins it and pins the new image.
 func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
-	left := pushData(t, 2620, "roll-left", 64<<10)
-	kept := pushData(t, 2622, "roll-kept", 64<<10)
-	added := pushData(t, 2621, "roll-new", 64<<10)
+	left := c.PushData(t, 2620, 64<<10, "roll-left")[0]
+	kept := c.PushData(t, 2622, 64<<10, "roll-kept")[0]
+	added := c.PushData(t, 2621, 64<<10, "roll-new")[0]
 	in := deploy(t, &instance{name: "roll", namespace: "interact-roll", spec: images(left, kept) + nodeSpec(1) + pinBudget})
 	node := nodeName(1)
 	waitNode(t, node, "labeled, both images pinned", 2*time.Minute, func(n *corev1.Node) (bool, string) {

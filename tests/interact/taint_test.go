@@ -30,26 +30,26 @@ func startupTaintsOfSameNameInstances(t *testing.T) {
 	for _, k := range []string{keyA, keyB} {
 		taintNode(t, 0, corev1.Taint{Key: k, Effect: corev1.TaintEffectNoSchedule})
 	}
-	imgA := pushData(t, 2601, "same-a", 64<<10)
-	imgB := pushData(t, 2602, "same-b", 64<<10)
-	shared := pushData(t, 2605, "same-shared", 64<<10)
+	imgA := c.PushData(t, 2601, 64<<10, "same-a")[0]
+	imgB := c.PushData(t, 2602, 64<<10, "same-b")[0]
+	shared := c.PushData(t, 2605, 64<<10, "same-shared")[0]
 	// team-b's image is missing for its first fetch: three attempts, then
 	// the kubelet restarts the init container.
-	c.Registry().Fail(registry.Match{Repo: "interact/same-b"}, 404, 3)
+	c.Registry().Fail(registry.Match{Repo: "e2e/same-b"}, 404, 3)
 
 	a := deploy(t, &instance{name: "web", namespace: "interact-team-a", spec: images(imgA, shared) + nodeSpec(0) + pinBudget + "  startupTaint:\n    key: " + keyA + "\n"})
 	waitNode(t, node, "team-a labeled, its taint gone, its images pinned", 2*time.Minute, func(n *corev1.Node) (bool, string) {
-		return n.Labels[a.key()] == "succeeded" && !hasTaint(n, keyA) && pinsImages(n, a.key(), 2), keyState(n, a.key(), keyA)
+		return n.Labels[a.key()] == "succeeded" && !cluster.HasTaint(n, keyA) && pinsImages(n, a.key(), 2), keyState(n, a.key(), keyA)
 	})
 	deploy(t, &instance{name: "web", namespace: "interact-team-b", spec: images(imgB, shared) + nodeSpec(0) + pinBudget + "  startupTaint:\n    key: " + keyB + "\n    maxWait: 30m\n"})
 	// team-b's first fetch has pulled and failed (its image missing), and
 	// met team-a's key: its taint must still be there.
 	waitEvent(t, "interact-team-b", "InstanceConflict", 2*time.Minute)
-	if n := getNode(t, node); !hasTaint(n, keyB) {
+	if n := getNode(t, node); !cluster.HasTaint(n, keyB) {
 		t.Errorf("team-b's taint went while team-b's image was missing (team-a's label is %q)", n.Labels[a.key()])
 	}
 	n := waitNode(t, node, "team-b's taint gone once its image is there", 2*time.Minute, func(n *corev1.Node) (bool, string) {
-		return !hasTaint(n, keyB), keyState(n, a.key(), keyB)
+		return !cluster.HasTaint(n, keyB), keyState(n, a.key(), keyB)
 	})
 	if ann := n.Annotations[a.key()]; n.Labels[a.key()] != "succeeded" || !strings.HasPrefix(ann, `{"owner":{"namespace":"interact-team-a","name":"web",`) {
 		t.Errorf("the key changed hands: %q %s", n.Labels[a.key()], ann)
@@ -88,11 +88,11 @@ func sharedTaintKey(t *testing.T) {
 	const key = "interact.example.com/shared"
 	node := nodeName(1)
 	taintNode(t, 1, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
-	imgX := pushData(t, 2603, "shared-x", 64<<10)
-	imgY := pushData(t, 2604, "shared-y", 64<<10)
+	imgX := c.PushData(t, 2603, 64<<10, "shared-x")[0]
+	imgY := c.PushData(t, 2604, 64<<10, "shared-y")[0]
 	// y's fetch (3 attempts) and its watch's first two checks (3 more
 	// each) find the image missing; a later check pulls it.
-	c.Registry().Fail(registry.Match{Repo: "interact/shared-y"}, 404, 9)
+	c.Registry().Fail(registry.Match{Repo: "e2e/shared-y"}, 404, 9)
 	taintSpec := "  startupTaint:\n    key: " + key + "\n"
 
 	y := deploy(t, &instance{name: "shared-y", namespace: "interact-shared-y", refresh: 3 * time.Second,
@@ -104,11 +104,11 @@ func sharedTaintKey(t *testing.T) {
 	n := waitNode(t, node, "x succeeded, y failed", 2*time.Minute, func(n *corev1.Node) (bool, string) {
 		return n.Labels[x.key()] == "succeeded" && n.Labels[y.key()] == "failed", keyState(n, x.key(), key) + "; y " + keyState(n, y.key(), "")
 	})
-	if !hasTaint(n, key) {
+	if !cluster.HasTaint(n, key) {
 		t.Errorf("the shared taint went when x succeeded, y still failed")
 	}
 	n = waitNode(t, node, "the shared taint gone", 2*time.Minute, func(n *corev1.Node) (bool, string) {
-		return !hasTaint(n, key), keyState(n, y.key(), key)
+		return !cluster.HasTaint(n, key), keyState(n, y.key(), key)
 	})
 	if n.Labels[y.key()] != "succeeded" || n.Labels[x.key()] != "succeeded" {
 		t.Errorf("the shared taint went with x %q, y %q", n.Labels[x.key()], n.Labels[y.key()])

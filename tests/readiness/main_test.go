@@ -170,15 +170,6 @@ func node(t *testing.T, name string) *corev1.Node {
 	return n
 }
 
-func hasTaint(n *corev1.Node, key string) bool {
-	for _, tt := range n.Spec.Taints {
-		if tt.Key == key {
-			return true
-		}
-	}
-	return false
-}
-
 // setTaints replaces a node's taints, as the admin.
 func setTaints(t *testing.T, name string, taints ...corev1.Taint) {
 	t.Helper()

@@ -154,7 +154,7 @@ func TestStartupTaintNewNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	warmReady := time.Now() // AddNode polls for Ready every 200 ms
-	if !hasTaint(node(t, n3.Name), startupKey) {
+	if !cluster.HasTaint(node(t, n3.Name), startupKey) {
 		t.Fatalf("%s joined without the startup taint: %v", n3.Name, node(t, n3.Name).Spec.Taints)
 	}
 
@@ -171,7 +171,7 @@ func TestStartupTaintNewNode(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		if hasTaint(n, startupKey) {
+		if cluster.HasTaint(n, startupKey) {
 			if perr == nil && p.Spec.NodeName != "" {
 				t.Errorf("the workload was scheduled to %s while the startup taint was there", p.Spec.NodeName)
 			}
@@ -353,7 +353,7 @@ func TestStartupTaintRegistryDown(t *testing.T) {
 		t.Errorf("Event %s %q", ev.Type, ev.Message)
 	}
 	n := node(t, n1.Name)
-	if hasTaint(n, key) {
+	if cluster.HasTaint(n, key) {
 		t.Errorf("the taint is still there after the StartupTaintTimeout Event: %v", n.Spec.Taints)
 	}
 	if v := n.Labels[in.key()]; v == "succeeded" {
@@ -386,7 +386,7 @@ func TestStartupTaintMaxWaitZero(t *testing.T) {
 	waitLabel(t, in, n1.Name, "failed", 3*time.Minute)
 	// A few of the agent's polls (every 5 s) and watch's checks.
 	time.Sleep(15 * time.Second)
-	if n := node(t, n1.Name); !hasTaint(n, key) || n.Labels[in.key()] != "failed" {
+	if n := node(t, n1.Name); !cluster.HasTaint(n, key) || n.Labels[in.key()] != "failed" {
 		t.Fatalf("with maxWait 0 and the image missing: label %q, taints %v; want failed and the taint kept", n.Labels[in.key()], n.Spec.Taints)
 	}
 	c.Registry().ClearFaults()
@@ -395,7 +395,7 @@ func TestStartupTaintMaxWaitZero(t *testing.T) {
 	defer cancel()
 	if err := poll(ctx, "the taint removed", func() (bool, string) {
 		n, err := cs.CoreV1().Nodes().Get(ctx, n1.Name, metav1.GetOptions{})
-		return err == nil && !hasTaint(n, key), fmt.Sprint(err)
+		return err == nil && !cluster.HasTaint(n, key), fmt.Sprint(err)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestStartupTaintAgentKilledMidPull(t *testing.T) {
 		defer wg.Done()
 		for watchCtx.Err() == nil {
 			if n, err := cs.CoreV1().Nodes().Get(watchCtx, n2.Name, metav1.GetOptions{}); err == nil {
-				s := fmt.Sprintf("taint=%v label=%q", hasTaint(n, key), n.Labels["image-prefetcher.stackrox.io/killed"])
+				s := fmt.Sprintf("taint=%v label=%q", cluster.HasTaint(n, key), n.Labels["image-prefetcher.stackrox.io/killed"])
 				mu.Lock()
 				if len(seen) == 0 || seen[len(seen)-1] != s {
 					seen = append(seen, s)
@@ -482,14 +482,14 @@ func TestStartupTaintAgentKilledMidPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("killed fetch mid-pull (container %s)", list.Containers[0].Id[:12])
-	if !hasTaint(node(t, n2.Name), key) {
+	if !cluster.HasTaint(node(t, n2.Name), key) {
 		t.Fatal("the taint went when the agent was killed")
 	}
 
 	waitLabel(t, in, n2.Name, "succeeded", 3*time.Minute)
 	if err := poll(ctx, "the taint removed", func() (bool, string) {
 		n, err := cs.CoreV1().Nodes().Get(ctx, n2.Name, metav1.GetOptions{})
-		return err == nil && !hasTaint(n, key), fmt.Sprint(err)
+		return err == nil && !cluster.HasTaint(n, key), fmt.Sprint(err)
 	}); err != nil {
 		t.Fatal(err)
 	}
