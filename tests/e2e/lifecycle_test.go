@@ -104,7 +104,7 @@ func Test07ImageGC(t *testing.T) {
 	if err := removeOn(ctx, n, refs[0]); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := imagePresent(ctx, n, refs[0]); err != nil || ok {
+	if ok, err := n.HasImage(ctx, refs[0]); err != nil || ok {
 		t.Fatalf("%s still present after RemoveImage (err %v)", refs[0], err)
 	}
 	logf(t, "removed %s from %s through the CRI; watch must pull it again within %s", refs[0], n.Name, bound)

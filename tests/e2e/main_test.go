@@ -483,20 +483,6 @@ func (e env) waitRolledOut(t *testing.T, d *deployed, want int) *appsv1.DaemonSe
 	return ds
 }
 
-// imagePresent asks node's CRI whether ref is present.
-func imagePresent(ctx context.Context, n *cluster.Node, ref string) (bool, error) {
-	cri, err := n.CRI()
-	if err != nil {
-		return false, err
-	}
-	defer cri.Close()
-	st, err := cri.Images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
-	if err != nil {
-		return false, fmt.Errorf("%s: ImageStatus %s: %w", n.Name, ref, err)
-	}
-	return st.Image != nil, nil
-}
-
 // pollPresent asks n's CRI every period until ref is present, and
 // returns the time of the first answer that said so.
 func pollPresent(ctx context.Context, n *cluster.Node, ref string, period time.Duration) (time.Time, error) {
@@ -592,7 +578,7 @@ func assertImages(t *testing.T, nodes []*cluster.Node, refs []string, want bool)
 	defer cancel()
 	for _, n := range nodes {
 		for _, ref := range refs {
-			ok, err := imagePresent(ctx, n, ref)
+			ok, err := n.HasImage(ctx, ref)
 			if err != nil {
 				t.Error(err)
 				continue

@@ -98,7 +98,7 @@ func Test12Faults(t *testing.T) {
 		t.Cleanup(reg.ClearFaults)
 		d := e.deployInstance(t, instance{Name: "restart", Namespace: "e2e-restart", Spec: yamlList([]string{ref}) + onNode})
 		waitBytes(t, ctx, reg, 3<<20)
-		if ok, err := imagePresent(ctx, node, ref); err != nil || ok {
+		if ok, err := node.HasImage(ctx, ref); err != nil || ok {
 			t.Fatalf("%s already present before the restart (err %v): the pull was not in flight", ref, err)
 		}
 		logf(t, "restarting %s's containerd in the middle of the pull", node.Name)
@@ -147,7 +147,7 @@ func Test12Faults(t *testing.T) {
 			}
 		}()
 		if err := poll(ctx, ref+" pulled on "+node.Name+" (the agent now labels)", func() (bool, string) {
-			ok, err := imagePresent(ctx, node, ref)
+			ok, err := node.HasImage(ctx, ref)
 			return ok, fmt.Sprint(err)
 		}); err != nil {
 			t.Fatal(err)

@@ -27,14 +27,11 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
-	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
@@ -178,32 +175,20 @@ func list(refs ...string) string {
 
 // runtime is the node's containerd: its CRI, and its image records
 // through the same API the agent pins with.
-type runtime struct {
-	conn   *grpc.ClientConn
-	cri    runtimeapi.ImageServiceClient
-	images *pin.Containerd
-}
+type runtime struct{ n *cluster.Node }
 
-func node(t *testing.T) *runtime {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+c.Nodes()[0].CRISocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &runtime{conn: conn, cri: runtimeapi.NewImageServiceClient(conn), images: pin.NewContainerd(conn)}
-}
+func node(t *testing.T) *runtime { return &runtime{n: c.Nodes()[0]} }
 
 // status is the CRI's word on ref: nil when absent.
 func (r *runtime) status(t *testing.T, ref string) *runtimeapi.Image {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := r.cri.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	img, err := r.n.Image(ctx, ref)
 	if err != nil {
-		t.Fatalf("ImageStatus %s: %v", ref, err)
+		t.Fatal(err)
 	}
-	return st.GetImage()
+	return img
 }
 
 // pinned asserts what the CRI reports, which is what the kubelet's GC
@@ -223,11 +208,13 @@ func (r *runtime) pinned(t *testing.T, ref string, want bool) {
 // labels returns the labels of the image record name.
 func (r *runtime) labels(t *testing.T, name string) map[string]string {
 	t.Helper()
-	rec, err := r.images.Get(context.Background(), name)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := r.n.ImageLabels(ctx, name)
 	if err != nil {
-		t.Fatalf("image record %s: %v", name, err)
+		t.Fatal(err)
 	}
-	return rec.Labels
+	return l
 }
 
 // nodeLabels records every value the node's label key takes from now until
