@@ -58,6 +58,10 @@ const PauseImage = "registry.k8s.io/pause:3.10"
 
 // Options select what Start brings up.
 type Options struct {
+	// Deploys says the tests render and deploy with ./bin (kustomize, the
+	// function, the agent): RunMain checks them first, so that a missing
+	// build fails in a second, not after minutes.
+	Deploys bool
 	// Nodes is the number of nodes. Zero means control plane only: etcd
 	// and kube-apiserver, ready in a few seconds, for server-side dry runs
 	// and API tests that need no kubelet.

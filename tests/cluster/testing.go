@@ -112,6 +112,12 @@ func (c *Cluster) DumpLogs(t testing.TB) {
 //	var c *cluster.Cluster
 //	func TestMain(m *testing.M) { os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2}, &c)) }
 func RunMain(m *testing.M, opts Options, c **Cluster) int {
+	if opts.Deploys {
+		if err := CheckBinaries(); err != nil {
+			fmt.Fprintf(os.Stderr, ">> %v\n", err)
+			return 1
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	cl, err := Start(ctx, opts)
 	cancel()

@@ -33,11 +33,8 @@ const labelDomain = "image-prefetcher.stackrox.io/"
 var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	if err := cluster.CheckBinaries(); err != nil {
-		fmt.Fprintf(os.Stderr, ">> crio: %v\n", err)
-		os.Exit(1)
-	}
 	os.Exit(cluster.RunMain(m, cluster.Options{
+		Deploys:          true,
 		Nodes:            1,
 		NodeRuntime:      func(int) cluster.Runtime { return cluster.CRIO },
 		ShortNameAliases: map[string]string{"app": cluster.RegistryAddr + "/aliased/app"},

@@ -14,7 +14,6 @@ package disk_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -34,11 +33,8 @@ const storeBytes = 128 << 20
 var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	if err := cluster.CheckBinaries(); err != nil {
-		fmt.Fprintf(os.Stderr, ">> disk: %v\n", err)
-		os.Exit(1)
-	}
 	os.Exit(cluster.RunMain(m, cluster.Options{
+		Deploys:         true,
 		Nodes:           1,
 		ImageStoreBytes: storeBytes,
 		// The kubelet's defaults, in place of the harness's 1% thresholds

@@ -44,11 +44,7 @@ var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if err := cluster.CheckBinaries(); err != nil {
-		fmt.Fprintf(os.Stderr, ">> hits: %v\n", err)
-		os.Exit(1)
-	}
-	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 1}, &c))
+	os.Exit(cluster.RunMain(m, cluster.Options{Deploys: true, Nodes: 1}, &c))
 }
 
 const (

@@ -51,12 +51,8 @@ const labelDomain = "image-prefetcher.stackrox.io/"
 var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	if err := cluster.CheckBinaries(); err != nil {
-		fmt.Fprintf(os.Stderr, ">> interact: %v\n", err)
-		os.Exit(1)
-	}
 	// containerd 2.x, which pins (Debian's 1.6.20 cannot).
-	opts := cluster.Options{Nodes: 2, NodeRuntime: func(int) cluster.Runtime { return cluster.Containerd2 }}
+	opts := cluster.Options{Deploys: true, Nodes: 2, NodeRuntime: func(int) cluster.Runtime { return cluster.Containerd2 }}
 	os.Exit(cluster.RunMain(m, opts, &c))
 }
 

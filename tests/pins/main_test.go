@@ -40,10 +40,6 @@ const labelDomain = "image-prefetcher.stackrox.io/"
 var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	if err := cluster.CheckBinaries(); err != nil {
-		fmt.Fprintf(os.Stderr, ">> pins: %v\n", err)
-		os.Exit(1)
-	}
 	os.Exit(cluster.RunMain(m, gcOptions(cluster.Containerd2), &c))
 }
 
@@ -51,6 +47,7 @@ func TestMain(m *testing.M) {
 // test's time.
 func gcOptions(rt cluster.Runtime) cluster.Options {
 	return cluster.Options{
+		Deploys:         true,
 		Nodes:           1,
 		NodeRuntime:     func(int) cluster.Runtime { return rt },
 		ImageStoreBytes: 192 << 20,

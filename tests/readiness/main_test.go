@@ -38,12 +38,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if err := cluster.CheckBinaries(); err != nil {
-		fmt.Fprintf(os.Stderr, ">> readiness: %v\n", err)
-		os.Exit(1)
-	}
 	// Two nodes at start; two more join during the tests.
-	os.Exit(cluster.RunMain(m, cluster.Options{Nodes: 2, LateNodes: 2}, &c))
+	os.Exit(cluster.RunMain(m, cluster.Options{Deploys: true, Nodes: 2, LateNodes: 2}, &c))
 }
 
 // setup pushes the agent image once and pre-pulls it on the nodes there
