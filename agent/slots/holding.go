@@ -26,16 +26,13 @@ type Holding struct {
 	seed bool
 	// ctx is the one the slot was held with: once it ends (the pod is
 	// terminating), Release has Config.ReleaseGrace.
-	ctx context.Context
-
+	ctx  context.Context
 	stop context.CancelFunc
 	done chan struct{} // closed when the renew loop has ended
-
 	// lease is the Lease as we last wrote it: the renew loop writes it,
 	// Release reads it once the loop has ended.
-	lease *coordinationv1.Lease
-	lost  chan struct{}
-
+	lease       *coordinationv1.Lease
+	lost        chan struct{}
 	releaseOnce sync.Once
 }
 
@@ -56,9 +53,8 @@ func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slo
 func (g *Gate) renewInterval() time.Duration { return g.cfg.LeaseDuration / 3 }
 
 // renewDeadline is how long after sending its last successful write a
-// holder still counts itself as holder. Others may take the slot a full
-// lease duration after they saw that write; the gap absorbs clock-rate
-// differences and a slow final write.
+// holder still counts itself as holder; others may take the slot a full
+// lease duration after they saw it (the gap absorbs clock drift).
 func (g *Gate) renewDeadline() time.Duration { return g.cfg.LeaseDuration * 2 / 3 }
 
 // Name, Slot, Identity and Seed are the slot's Lease name and index

@@ -67,11 +67,10 @@ type LeaseClient = kube.LeaseClient
 
 // Config says which slots to use and how.
 type Config struct {
-	// Client is the Lease client of Namespace, the agent's own namespace.
-	Client    LeaseClient
-	Namespace string
-	// Instance names the slots: <Instance>-slot-0 .. <Instance>-slot-(Slots-1).
-	Instance string
+	// Client is the Lease client of Namespace, the agent's own namespace;
+	// Instance names the slots: <Instance>-slot-0 .. <Instance>-slot-(K-1).
+	Client              LeaseClient
+	Namespace, Instance string
 	// Slots is K, the number of nodes that may pull at once; SeedNodes is
 	// N, how many pull until one seed has finished (0: no seed mode).
 	Slots, SeedNodes int
@@ -106,9 +105,8 @@ type Gate struct {
 	// now is the clock, pace the hand-over pace the windows are sized by
 	// and retry the first pause after a failed API call (wait.go); tests
 	// replace them.
-	now   func() time.Time
-	pace  time.Duration
-	retry time.Duration
+	now         func() time.Time
+	pace, retry time.Duration
 }
 
 // New checks cfg and fills in defaults.
@@ -129,8 +127,7 @@ func New(cfg Config) (*Gate, error) {
 	case cfg.LeaseDuration < 0 || cfg.CallTimeout < 0 || cfg.ReleaseGrace < 0 || cfg.ForbiddenFor < 0:
 		return nil, errors.New("slots: negative duration")
 	}
-	// leaseDurationSeconds is an integer; round up so that we never claim
-	// less time than we asked for.
+	// leaseDurationSeconds is whole: rounded up, never less than asked.
 	cfg.LeaseDuration = (cmp.Or(cfg.LeaseDuration, DefaultLeaseDuration) + time.Second - 1).Truncate(time.Second)
 	cfg.CallTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
 	cfg.ReleaseGrace = cmp.Or(cfg.ReleaseGrace, DefaultReleaseGrace)
@@ -203,14 +200,12 @@ func (g *Gate) taken(prev *coordinationv1.Lease, i int, id string, now time.Time
 	return next
 }
 
-// labels are the labels of every slot Lease; the waiters' watch selects
-// on them.
+// labels are on every slot Lease; the waiters' watch selects on them.
 func (g *Gate) labels() map[string]string {
 	return map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot}
 }
 
 // The API calls, each under its own timeout.
-
 func (g *Gate) get(ctx context.Context, name string) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()

@@ -16,34 +16,28 @@ import (
 
 // Waiting. A waiter lists the instance's slot Leases by label and follows
 // them with one watch, so that it sends no request while nothing changes.
+// docs/herd.md gives the measured reason for each rule below.
 //
 // Every waiter sees a freed slot at once. So that they do not all write,
 // each waits a random delay and keeps reading the watch: the first write
 // reaches the others before their delays end. The delay is exponential
-// with a mean of window ÷ F while F slots are free, so that a waiter
-// writes at F ÷ window per second; having no memory, it is drawn again
-// whenever F or the window changes. With W waiters on windows of W × pace,
-// the first write comes about pace after a release, and another within
-// its latency L (a lost race) about L ÷ pace times per hand-over. So the
-// window is pace × the nodes counted as waiting: Config.Herd at first,
-// one fewer for every take seen. A hand-over must stay well under a pull:
-// at K = 10 make scale's pulls take 1 s, and its registry idles once half
-// the slots do. Two rules correct the count:
+// with a mean of window ÷ F while F slots are free, drawn again whenever F
+// or the window changes. The window is pace × the nodes counted as
+// waiting: Config.Herd at first, one fewer for every take seen, so that
+// the first write comes about pace after a release. Two rules correct it:
 //   - a lost race or a failed write (a timeout, a 5xx, a 429) doubles the
 //     window, and a failed write holds the next one back, 1 s doubling to
 //     30 s: an apiserver in trouble gets fewer writes;
 //   - a slot seen free for stallFactor × pace while no node took any
-//     halves it: fewer nodes wait than counted (some had every image, or
-//     left), and the last ones must not wait out a crowd's window. Not
-//     while takes go on elsewhere, nor within 30 s of a failed call or a
-//     lost race: a slot also stays free while the apiserver queues or
-//     fails the writes, and halving then sends more (at 1,000 nodes that
-//     fed a storm of 250 conflicts a second).
+//     halves it: fewer nodes wait than counted (some left). Not within
+//     30 s of a failed call or a lost race: a slot also stays free while
+//     the apiserver queues or fails writes, and halving then sends more.
 //
 // A held slot whose Lease stays unchanged for its duration since this
-// waiter saw it change is free, by a timer. Each watch ends after a random
-// 5-10 min and the waiter lists again (the slow resync), so that a watch
-// that stopped delivering cannot keep a node waiting for good.
+// waiter saw it change is free, by a timer. A watch the apiserver ends is
+// resumed from the last version seen, as client-go's reflector does. A
+// random 5-10 min after a list the waiter lists again (the slow resync),
+// so that a watch that stopped delivering cannot keep it waiting for good.
 const (
 	// pace: with the take latency of a busy apiserver (100-200 ms at
 	// 1,000 nodes), well under one lost race per hand-over.
@@ -70,16 +64,14 @@ type waiter struct {
 	index  map[string]int                   // slot by Lease name
 	leases map[string]*coordinationv1.Lease // the latest version of each
 	// since is when we first saw each Lease at its current version, on
-	// our own clock: a holder is dead once its Lease stays unchanged for
-	// its duration from then. freeSince is when each free slot was seen
-	// free, or last counted as stalled.
+	// our own clock (a holder is dead once its Lease stays unchanged for
+	// its duration from then); freeSince when each free slot was seen
+	// free, or last counted as stalled; lostAt the version of each slot
+	// we lost a race on, tried again once the watch shows a newer one.
 	since, freeSince map[string]time.Time
-	// lostAt is the version of each slot we lost a race on, tried again
-	// once the watch shows a newer one.
-	lostAt map[string]string
-	seeded bool
-	// window is pace × left, as the rules above corrected it; left is
-	// how many nodes of the herd are counted as waiting.
+	lostAt           map[string]string
+	seeded           bool
+	// window is pace × left, the nodes counted as waiting, corrected.
 	window time.Duration
 	left   int
 	// retry is the next pause after a failed API call; no write goes out
@@ -94,6 +86,10 @@ type waiter struct {
 	denied       []bool
 	refusedSince time.Time
 	loggedWait   bool
+	// rv is the last version seen, where a watch resumes ("" after a
+	// 410 Gone: list again); relistAt is when the slow resync lists.
+	rv       string
+	relistAt time.Time
 }
 
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
@@ -117,23 +113,30 @@ func clampWindow(d time.Duration) time.Duration { return min(max(d, minWindow), 
 func (w *waiter) wait() (*Holding, error) {
 	g := w.g
 	for {
+		started := g.now()
 		stream, err := w.list()
-		if err == nil {
+		for err == nil {
 			w.refusedSince = time.Time{}
-			started := g.now()
+			seen := w.rv
 			var h *Holding
 			h, err = w.follow(stream)
 			stream.Stop()
 			if h != nil || err != nil {
 				return h, err
 			}
-			if lasted := g.now().Sub(started); lasted > time.Minute {
-				w.retry = g.retry
-				if lasted >= resync {
-					continue // the slow resync: list again at once
-				}
+			if w.rv == "" || !g.now().Before(w.relistAt) {
+				break // gone, or the slow resync: list again at once
 			}
-			err = fmt.Errorf("the watch ended early")
+			if lasted := g.now().Sub(started); lasted < time.Second && w.rv == seen {
+				// Not resumed in a loop: a failure, as for the reflector.
+				err = fmt.Errorf("the watch ended after %s with no event", lasted.Round(time.Millisecond))
+				break
+			}
+			w.retry, started = g.retry, g.now()
+			stream, err = w.watch()
+		}
+		if err == nil {
+			continue
 		}
 		if w.ctx.Err() != nil {
 			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
@@ -198,8 +201,14 @@ func (w *waiter) list() (watch.Interface, error) {
 			w.freeSince[name] = now
 		}
 	}
-	secs := int64((resync + mrand.N(resync+1)) / time.Second)
-	return g.leases.Watch(w.ctx, metav1.ListOptions{LabelSelector: g.selector(), ResourceVersion: list.ResourceVersion, TimeoutSeconds: &secs})
+	w.rv, w.relistAt = list.ResourceVersion, now.Add(resync+mrand.N(resync+1))
+	return w.watch()
+}
+
+// watch follows the slots from the last version seen until the resync.
+func (w *waiter) watch() (watch.Interface, error) {
+	secs := max(int64(w.relistAt.Sub(w.g.now())/time.Second), 1)
+	return w.g.leases.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.g.selector(), ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
 }
 
 // follow waits on the watch until it holds a slot. It returns (nil, nil)
@@ -271,14 +280,19 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 func (w *waiter) apply(ev watch.Event) {
 	now := w.g.now()
 	if ev.Type == watch.Error {
-		if status := apierrors.FromObject(ev.Object); !apierrors.IsResourceExpired(status) && !apierrors.IsGone(status) {
-			w.g.log.Warn("watching the pull slots failed; listing them again", "err", status)
+		if status := apierrors.FromObject(ev.Object); apierrors.IsResourceExpired(status) || apierrors.IsGone(status) {
+			w.rv = "" // too old to resume from: list again
+		} else {
+			w.g.log.Warn("watching the pull slots failed; will retry", "err", status)
 		}
 		return
 	}
 	l, ok := ev.Object.(*coordinationv1.Lease)
 	if !ok {
-		return // a bookmark
+		return
+	}
+	if w.rv = l.ResourceVersion; ev.Type == watch.Bookmark {
+		return
 	}
 	if _, slot := w.index[l.Name]; !slot {
 		return // a slot above K
@@ -364,9 +378,7 @@ func version(l *coordinationv1.Lease) string {
 	return l.ResourceVersion
 }
 
-func (w *waiter) stallAfter() time.Duration { return stallFactor * w.g.pace }
-
-// stallAt is when a free slot counts as stalled: stallAfter after it was
+// stallAt is when a free slot counts as stalled: stallFactor × pace after it was
 // seen free and after another node's last take. Slots not made yet never
 // do: at the start of a new instance the whole herd lists at once, and the
 // first takes come late.
@@ -378,7 +390,7 @@ func (w *waiter) stallAt(name string) (time.Time, bool) {
 	if t.Before(w.tookAt) {
 		t = w.tookAt
 	}
-	return t.Add(w.stallAfter()), true
+	return t.Add(stallFactor * w.g.pace), true
 }
 
 // stall halves the window when a free slot has stalled, and counts that

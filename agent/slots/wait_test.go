@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // waiters starts n Holds on g and returns their results as they come.
@@ -101,26 +102,57 @@ func TestWaitersSendNothingWhileNothingChanges(t *testing.T) {
 	}
 }
 
-// The apiserver ends watches (at their timeout, on restart): the waiter
-// lists again and still sees the slot freed.
-func TestWatchEndsAndWaiterListsAgain(t *testing.T) {
-	f := newFakeAPI(t)
-	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour}, 0)
-	a := hold(t, g)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	got := waiters(ctx, t, g, 1)
-	for f.requests()["watch"] < 2 {
-		time.Sleep(time.Millisecond)
+// The apiserver ends watches (at their timeout, on restart, to rebalance):
+// the waiter goes on from the last version it saw, at once and without a
+// list, and still sees the slot freed. A watch that ends at once with
+// nothing in it is a failure: the waiter lists again, after a pause, so
+// that an apiserver that ends every watch is not sent a stream of them.
+func TestEndedWatch(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		lasted  time.Duration
+		resumes bool
+	}{
+		{"after a while: resumed from the last version", 2 * time.Second, true},
+		{"at once with nothing in it: listed again", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAPI(t)
+			g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour}, 0)
+			clk := &testClock{}
+			g.now = clk.Now
+			a := hold(t, g)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			got := waiters(ctx, t, g, 1)
+			for f.requests()["watch"] < 2 {
+				time.Sleep(time.Millisecond)
+			}
+			lists, rv := f.listCount(), f.currentRV()
+			clk.Advance(tc.lasted)
+			f.cs.ClearActions()
+			f.endWatches()
+			var watched []string
+			for len(watched) == 0 {
+				time.Sleep(time.Millisecond)
+				for _, act := range f.cs.Actions() {
+					if wa, ok := act.(k8stesting.WatchAction); ok {
+						watched = append(watched, wa.GetWatchRestrictions().ResourceVersion)
+					}
+				}
+			}
+			relisted := f.listCount() > lists
+			if tc.resumes && (relisted || watched[0] != rv) {
+				t.Errorf("after the watch ended: listed again %v, watched from version %q; want a watch from %q, no list", relisted, watched[0], rv)
+			}
+			if !tc.resumes && !relisted {
+				t.Errorf("a watch that ended at once with nothing in it was resumed from version %q, want a list first", watched[0])
+			}
+			a.Release()
+			b := <-got
+			b.Release()
+		})
 	}
-	before := f.listCount()
-	f.endWatches()
-	for f.listCount() == before {
-		time.Sleep(time.Millisecond)
-	}
-	a.Release()
-	b := <-got
-	b.Release()
 }
 
 // A Role rendered before waiting by watch has no list or watch on Leases.
@@ -320,7 +352,7 @@ func TestWindowRules(t *testing.T) {
 	if err := w.failed("update", 1, absent, apierrors.NewServiceUnavailable("down")); err != nil || w.window != 4*time.Second || !w.quietUntil.After(now) {
 		t.Errorf("after a failed write: err %v window %v quiet until %v, want nil, 4s, a pause", err, w.window, w.quietUntil)
 	}
-	w.stall(now.Add(w.stallAfter()))
+	w.stall(now.Add(stallFactor * w.g.pace))
 	if w.window != 4*time.Second {
 		t.Errorf("window %v after a slot stalled right after a failed write, want 4s: the apiserver may be failing the takes", w.window)
 	}
@@ -339,16 +371,16 @@ func TestWindowRules(t *testing.T) {
 			w.leases[name] = l
 		}
 	}
-	w.stall(now.Add(w.stallAfter() - time.Nanosecond))
+	w.stall(now.Add(stallFactor*w.g.pace - time.Nanosecond))
 	if w.window != time.Second {
 		t.Errorf("window %v before any slot stalled, want 1s", w.window)
 	}
-	w.stall(now.Add(w.stallAfter()))
+	w.stall(now.Add(stallFactor * w.g.pace))
 	if w.window != time.Second/2 {
 		t.Errorf("window %v after a slot stalled, want 500ms", w.window)
 	}
 	for range 40 {
-		now = now.Add(w.stallAfter())
+		now = now.Add(stallFactor * w.g.pace)
 		w.stall(now)
 	}
 	if w.window != minWindow {
