@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
 )
 
@@ -70,6 +72,30 @@ func (c *Cluster) Deploy(t testing.TB, name, spec string) {
 	}
 	if _, err := c.Apply(ctx, manifests, ApplyOptions{}); err != nil {
 		t.Fatalf("apply: %v", err)
+	}
+}
+
+// Uninstall deletes the DaemonSets of an instance Deploy made (in the
+// namespace of its name) and waits until its pods are gone: their watch
+// has settled the label and the pins by then. ctx bounds the wait.
+func (c *Cluster) Uninstall(ctx context.Context, t testing.TB, name string) {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := metav1.DeletePropagationBackground
+	if err := cs.AppsV1().DaemonSets(name).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Poll(ctx, 250*time.Millisecond, "the agent pods of "+name+" gone", func() (bool, string) {
+		pods, err := cs.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
@@ -85,7 +84,9 @@ func TestDiskFullOnANode(t *testing.T) {
 	if t.Failed() {
 		c.DumpLogs(t)
 	}
-	uninstall(t, "full")
+	uctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c.Uninstall(uctx, t, "full")
 	removeAll(t, refs)
 }
 
@@ -212,30 +213,6 @@ func (w *conditions) pressure() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.seen
-}
-
-// uninstall deletes instance's DaemonSet and waits until its pod is gone.
-func uninstall(t *testing.T, instance string) {
-	t.Helper()
-	cs, err := c.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	bg := metav1.DeletePropagationBackground
-	if err := cs.AppsV1().DaemonSets(instance).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.Poll(ctx, 250*time.Millisecond, "the pods of "+instance+" gone", func() (bool, string) {
-		pods, err := cs.CoreV1().Pods(instance).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
-	}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // removeAll removes refs from the node, as `crictl rmi` does, so that the

@@ -119,19 +119,7 @@ func uninstall(t *testing.T, name string) {
 			}
 		})
 	}
-	bg := metav1.DeletePropagationBackground
-	if err := cs.AppsV1().DaemonSets(name).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.Poll(ctx, 250*time.Millisecond, "the agent pods of "+name+" gone", func() (bool, string) {
-		pods, err := cs.CoreV1().Pods(name).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c.Uninstall(ctx, t, name)
 }
 
 // waitSummary waits until the node's label of instance is want and its
