@@ -39,9 +39,10 @@ import (
 // random 5-10 min after a list the waiter lists again (the slow resync),
 // so that a watch that stopped delivering cannot keep it waiting for good.
 const (
-	// pace: with the take latency of a busy apiserver (100-200 ms at
-	// 1,000 nodes), well under one lost race per hand-over.
-	pace        = 300 * time.Millisecond
+	// pace: about the take latency of a busy apiserver (100 ms at 1,000
+	// nodes), so about one lost race per hand-over; a longer pace slows
+	// every hand-over (docs/herd.md).
+	pace        = 100 * time.Millisecond
 	stallFactor = 16
 	// unknownHerd sizes the first window when the herd is unknown.
 	unknownHerd = 10
