@@ -154,7 +154,9 @@ e2e: build tools host-deps kube runtimes oci
 ## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------
 # Herd control against a simulated cluster: a real kube-apiserver, many
 # containerd nodes, the real agent, a bandwidth-capped registry. Needs root;
-# takes about 6 minutes. Writes docs/benchmarks.md and its plot.
+# takes about 6 minutes. Writes docs/benchmarks.md and its plot. The nodes'
+# images go on this machine's disk: it refuses to start if they would take
+# that disk past the agent's 80% ceiling (as the kubelet counts it).
 .PHONY: bench
 BENCH_FLAGS ?=
 bench: build host-deps kube
