@@ -41,6 +41,9 @@ type scrape struct {
 	// (apiserver_longrunning_requests); found says the gauge was there.
 	leaseWatches float64
 	found        bool
+	// heartbeats is how many node Lease renewals the harness had made,
+	// heartbeatOthers its other node Lease requests (heartbeat.go).
+	heartbeats, heartbeatOthers float64
 }
 
 const (
@@ -67,6 +70,13 @@ func scrapeRequests(ctx context.Context, rc rest.Interface) (scrape, error) {
 		err = fmt.Errorf("apiserver /metrics has no %s", openMetric)
 	}
 	return sc, err
+}
+
+// scrapeAPI is scrapeRequests with the node heartbeat requests made so far.
+func (h *harness) scrapeAPI(ctx context.Context, rc rest.Interface) (scrape, error) {
+	s, err := scrapeRequests(ctx, rc)
+	s.heartbeats, s.heartbeatOthers = float64(h.hb.beats.Load()), float64(h.hb.others.Load())
+	return s, err
 }
 
 // parseRequests picks the apiserver_request_total samples out of the
@@ -144,6 +154,10 @@ type Requests struct {
 	// that ended plus those still open at the end, less those open at
 	// the start.
 	LeaseWatchStarts float64
+	// Heartbeats is the node Lease renewals per second (heartbeat.go):
+	// successful Lease writes that are not the slots'; HeartbeatOthers
+	// the other node Lease requests, which are not the waiters'.
+	Heartbeats, HeartbeatOthers float64
 }
 
 // diff is the rate of every series between two scrapes, busiest first.
@@ -154,6 +168,8 @@ func diff(a, b scrape) Requests {
 		return r
 	}
 	r.CPU = (b.cpu - a.cpu) / secs
+	r.Heartbeats = (b.heartbeats - a.heartbeats) / secs
+	r.HeartbeatOthers = (b.heartbeatOthers - a.heartbeatOthers) / secs
 	ended := 0.0
 	for k, v := range b.counts {
 		if k.Verb == "WATCH" && k.Resource == "leases" {
@@ -194,24 +210,25 @@ func (r Requests) Total() float64 {
 // when they start: a waiter's watch ends when it takes a slot, which is
 // the taking's doing, not the waiting's.
 func (r Requests) Waiters() float64 {
-	t := r.LeaseWatchStarts
+	t := r.LeaseWatchStarts - r.HeartbeatOthers
 	for _, x := range r.Rates {
 		if x.Key.Resource == "leases" && x.Key.Verb != "WATCH" && !isWrite2xx(x.Key) {
 			t += x.Rate
 		}
 	}
-	return t
+	return max(t, 0)
 }
 
-// Holders is the Lease writes that succeeded.
+// Holders is the slot Lease writes that succeeded: all successful Lease
+// writes but the node heartbeats.
 func (r Requests) Holders() float64 {
-	t := 0.0
+	t := -r.Heartbeats
 	for _, x := range r.Rates {
 		if x.Key.Resource == "leases" && isWrite2xx(x.Key) {
 			t += x.Rate
 		}
 	}
-	return t
+	return max(t, 0)
 }
 
 // Labels is the Node patches (the agents' labels).

@@ -154,6 +154,7 @@ type harness struct {
 	dir      string
 	start    time.Time
 	labeledN int // nodes that may carry a label from an earlier run
+	hb       heartbeats
 }
 
 func (h *harness) progress(format string, args ...any) {
@@ -203,6 +204,15 @@ func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
 		return nil, fmt.Errorf("load the cluster CA: %w", err)
 	}
 	if err := h.setup(ctx); err != nil {
+		return nil, err
+	}
+	hctx, stopBeats := context.WithCancel(ctx)
+	defer stopBeats()
+	nodes := make([]string, len(h.ids))
+	for i, id := range h.ids {
+		nodes[i] = id.Node
+	}
+	if err := h.hb.start(hctx, h.cfg, nodes); err != nil {
 		return nil, err
 	}
 	h.bw = NewBandwidth(opts.Capacity, opts.NodeCap)
@@ -579,7 +589,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 		return nil, fmt.Errorf("watch slot leases: %w", err)
 	}
 	rc := h.cs.Discovery().RESTClient()
-	first, err := scrapeRequests(rctx, rc)
+	first, err := h.scrapeAPI(rctx, rc)
 	if err != nil {
 		return nil, err
 	}
@@ -600,7 +610,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 			case <-sctx.Done():
 				return
 			case <-t.C:
-				if s, err := scrapeRequests(sctx, rc); err == nil {
+				if s, err := h.scrapeAPI(sctx, rc); err == nil {
 					scrapes = append(scrapes, s)
 				}
 			}
