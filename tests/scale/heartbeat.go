@@ -25,7 +25,8 @@ import (
 // (k8s.io/apiserver storage/cacher, suggestedWatchChannelSize). Without
 // heartbeats the cache holds only the slot Leases, every waiter's watch
 // gets the smallest buffer, and a burst of slot changes closes thousands
-// of them (2,784 in one 1,000-node run at K = 50; 271 with heartbeats).
+// of them (2,784 in one 1,000-node run at K = 50; 271 in one with
+// heartbeats).
 const (
 	nodeLeaseNamespace = "kube-node-lease"
 	heartbeatEvery     = 10 * time.Second
