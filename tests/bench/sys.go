@@ -40,22 +40,6 @@ func meminfo(field string) int64 {
 func memAvailable() int64 { return meminfo("MemAvailable") }
 func memTotal() int64     { return meminfo("MemTotal") }
 
-func diskFree(path string) int64 {
-	_, available := diskSize(path)
-	return int64(available)
-}
-
-// diskSize is a filesystem's capacity and the bytes available to
-// unprivileged writers, as the kubelet and the agent read them; zeros when
-// statfs fails.
-func diskSize(path string) (capacity, available uint64) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return 0, 0
-	}
-	return st.Blocks * uint64(st.Bsize), st.Bavail * uint64(st.Bsize)
-}
-
 // diskRoom refuses a run that the agents' disk ceiling would cut short.
 // The nodes' containerd roots share this machine's filesystem, and an
 // agent starts no pull once that filesystem is as full as its default
@@ -63,16 +47,15 @@ func diskSize(path string) (capacity, available uint64) {
 // blocks reserved for root count as used: a disk df shows 40% used can be
 // 78% used this way). Past it every node would be labeled failed,
 // InsufficientDisk, and the run would measure nothing.
-func diskRoom(capacity, available, need uint64) error {
+func diskRoom(u disk.Usage, need uint64) error {
 	ceiling := disk.Ceiling{Percent: int(v1alpha1.DefaultDiskCeilingPercent)}
-	limit := ceiling.Limit(capacity)
-	used := capacity - min(available, capacity)
-	if capacity == 0 || used+need < limit {
+	limit := ceiling.Limit(u.CapacityBytes)
+	if !u.Known() || u.UsedBytes()+need < limit {
 		return nil
 	}
 	return fmt.Errorf("not enough disk for the nodes' images: they need about %s more on a filesystem already %s used of %s, "+
 		"and the agents stop pulling at their %d%% disk ceiling (%s): free at least %s, or run fewer -nodes",
-		disk.Bytes(need), disk.Bytes(used), disk.Bytes(capacity), ceiling.Percent, disk.Bytes(limit), disk.Bytes(used+need-limit))
+		disk.Bytes(need), disk.Bytes(u.UsedBytes()), disk.Bytes(u.CapacityBytes), ceiling.Percent, disk.Bytes(limit), disk.Bytes(u.UsedBytes()+need-limit))
 }
 
 // peakRSS is a process's peak resident set (VmHWM).

@@ -3,6 +3,8 @@ package bench
 import (
 	"strings"
 	"testing"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 )
 
 func TestDiskRoom(t *testing.T) {
@@ -25,7 +27,7 @@ func TestDiskRoom(t *testing.T) {
 		{"statfs failed", 0, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := diskRoom(tc.capacity, tc.available, need)
+			err := diskRoom(disk.Usage{CapacityBytes: tc.capacity, AvailableBytes: tc.available}, need)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("diskRoom: %v, want no error", err)
