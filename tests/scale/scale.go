@@ -203,16 +203,10 @@ func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
 	if err := rest.LoadTLSFiles(h.cfg); err != nil {
 		return nil, fmt.Errorf("load the cluster CA: %w", err)
 	}
-	if err := h.setup(ctx); err != nil {
-		return nil, err
-	}
+	// setup starts the node heartbeats, which run until Measure returns.
 	hctx, stopBeats := context.WithCancel(ctx)
 	defer stopBeats()
-	nodes := make([]string, len(h.ids))
-	for i, id := range h.ids {
-		nodes[i] = id.Node
-	}
-	if err := h.hb.start(hctx, h.cfg, nodes); err != nil {
+	if err := h.setup(hctx); err != nil {
 		return nil, err
 	}
 	h.bw = NewBandwidth(opts.Capacity, opts.NodeCap)
@@ -235,8 +229,9 @@ func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
 	return rep, nil
 }
 
-// setup creates the namespace, the Node objects, and for every node a pod
-// of the instance's ServiceAccount on it with a token bound to that pod.
+// setup creates the namespace, the Node objects with their heartbeats
+// (which run until ctx ends), and for every node a pod of the instance's
+// ServiceAccount on it with a token bound to that pod.
 func (h *harness) setup(ctx context.Context) error {
 	maxN := 0
 	for _, c := range h.opts.Configs {
@@ -258,6 +253,9 @@ func (h *harness) setup(ctx context.Context) error {
 		return err
 	}
 	h.progress("created %d Nodes in %.1fs", maxN, time.Since(t).Seconds())
+	if err := h.hb.start(ctx, h.cfg, names); err != nil {
+		return err
+	}
 	t = time.Now()
 	sa := render.NamesFor(namespace, instance).Namespaced
 	ids, err := h.c.PodIdentities(ctx, namespace, sa, podPrefix, names, 4*time.Hour, 16)
