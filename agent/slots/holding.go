@@ -15,23 +15,16 @@ import (
 // errNotHolder means the Lease names someone else as holder now.
 var errNotHolder = errors.New("the Lease names another holder:")
 
-// Holding is one held slot. It renews the Lease in the background until
-// Release. A renewal that fails for two thirds of the lease duration loses
-// the slot (Lost is closed): after the full duration, another node may
-// take it.
+// Holding is one held slot, renewed in the background until Release.
 type Holding struct {
-	g    *Gate
-	id   string
-	slot int
-	seed bool
-	// ctx is the one the slot was held with: once it ends (the pod is
-	// terminating), Release has Config.ReleaseGrace.
-	ctx  context.Context
-	stop context.CancelFunc
-	done chan struct{} // closed when the renew loop has ended
-	// lease is the Lease as we last wrote it: the renew loop writes it,
-	// Release reads it once the loop has ended.
-	lease       *coordinationv1.Lease
+	g           *Gate
+	id          string
+	slot        int
+	seed        bool
+	ctx         context.Context // Hold's: once it ends, Release has Config.ReleaseGrace
+	stop        context.CancelFunc
+	done        chan struct{}         // closed when the renew loop has ended
+	lease       *coordinationv1.Lease // as last written; Release reads it once the loop has ended
 	lost        chan struct{}
 	releaseOnce sync.Once
 }
@@ -40,44 +33,36 @@ type Holding struct {
 // holder; start is when the write was sent.
 func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slot int, id string, seed bool, start time.Time) *Holding {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Holding{
-		g: g, id: id, slot: slot, seed: seed, ctx: held,
-		stop: cancel, done: make(chan struct{}),
-		lease: lease, lost: make(chan struct{}),
-	}
+	h := &Holding{g: g, id: id, slot: slot, seed: seed, ctx: held, stop: cancel,
+		done: make(chan struct{}), lease: lease, lost: make(chan struct{})}
 	go h.renewLoop(ctx, start)
 	return h
 }
 
-// renewInterval is how often a holder renews.
+// A holder renews every third of the lease duration, and is holder for
+// two thirds of it after sending its last successful write; others take
+// the slot a full duration after they saw it (the gap absorbs drift).
 func (g *Gate) renewInterval() time.Duration { return g.cfg.LeaseDuration / 3 }
-
-// renewDeadline is how long after sending its last successful write a
-// holder still counts itself as holder; others may take the slot a full
-// lease duration after they saw it (the gap absorbs clock drift).
 func (g *Gate) renewDeadline() time.Duration { return g.cfg.LeaseDuration * 2 / 3 }
 
-// Name, Slot, Identity and Seed are the slot's Lease name and index
-// (0 .. K-1), the holderIdentity written to it, and whether this node took
-// it as a seed. Lost is closed when the slot is lost while held.
+// The slot's Lease name and index, our holderIdentity in it, whether we
+// took it as a seed; Lost is closed when the slot is lost while held.
 func (h *Holding) Name() string          { return SlotName(h.g.cfg.Instance, h.slot) }
 func (h *Holding) Slot() int             { return h.slot }
 func (h *Holding) Identity() string      { return h.id }
 func (h *Holding) Seed() bool            { return h.seed }
 func (h *Holding) Lost() <-chan struct{} { return h.lost }
 
-// renewLoop renews every third of the lease duration. A renewal that
-// cannot be written within two thirds of it since the last one (the
-// apiserver is down, the Lease was taken or deleted) loses the slot.
+// renewLoop renews until stopped; a renewal not written by the deadline
+// (the apiserver is down, the Lease was taken or deleted) loses the slot.
 func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 	defer close(h.done)
 	g := h.g
 	for sleep(ctx, lastGood.Add(g.renewInterval()).Sub(g.now())) {
 		start := g.now()
 		rctx, cancel := context.WithDeadline(ctx, lastGood.Add(g.renewDeadline()))
-		// A conflict (someone changed the Lease, for example a seed
-		// marking slot 0) is written again on the new version, if it
-		// still names us.
+		// After a conflict (a seed marking slot 0), the new version is
+		// written if it still names us.
 		updated, err := g.rewrite(rctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 			if holder(l) != h.id {
 				return false, fmt.Errorf("%w %q", errNotHolder, holder(l))
@@ -92,27 +77,21 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			h.markLost(fmt.Errorf("no renewal since %s: %w", lastGood.Format(time.RFC3339Nano), err))
+			close(h.lost)
+			g.log.Error("lost pull slot; this node no longer counts as a holder and stops pulling until it holds one again",
+				"slot", h.Name(), "holder", h.id, "lastRenewal", lastGood.Format(time.RFC3339Nano), "err", err)
 			return
 		}
 		h.lease, lastGood = updated, start
 	}
 }
 
-func (h *Holding) markLost(err error) {
-	close(h.lost)
-	h.g.log.Error("lost pull slot; this node no longer counts as a holder and stops pulling until it holds one again",
-		"slot", h.Name(), "holder", h.id, "err", err)
-}
-
 // Release gives the slot back: a seed whose pull ended records that it
-// has finished, then the holder is cleared so that a waiter can take the
-// slot at once. A seed whose slot was lost or whose run was terminated has
-// not finished: the next node on a seed slot pulls as a seed. Release has
-// timeouts of its own; once the context given to Hold has ended, it takes
-// at most Config.ReleaseGrace, even if it began before. Failures are
-// logged; the slot then frees itself after the lease duration. Release may
-// be called more than once.
+// has finished (one whose slot was lost or whose run was terminated has
+// not), then the holder is cleared. Once Hold's context has ended, it
+// takes at most Config.ReleaseGrace, even if it began before. Failures are
+// logged: the slot frees itself after the lease duration. It may be called
+// more than once.
 func (h *Holding) Release() {
 	h.releaseOnce.Do(func() {
 		h.stop()
@@ -147,8 +126,7 @@ func (h *Holding) Release() {
 	})
 }
 
-// clear empties holderIdentity if we are still the holder. It keeps the
-// Lease (and its annotations) rather than deleting it.
+// clear empties holderIdentity if we still hold it, and keeps the Lease.
 func (h *Holding) clear(ctx context.Context) error {
 	_, err := h.g.rewrite(ctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 		if holder(l) != h.id {
@@ -184,7 +162,7 @@ func (g *Gate) markSeeded(ctx context.Context) error {
 		}
 		secs := int32(g.cfg.LeaseDuration / time.Second)
 		_, err = g.create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(),
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(0),
 				Annotations: map[string]string{SeededAnnotation: value}},
 			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
 		})
@@ -194,10 +172,9 @@ func (g *Gate) markSeeded(ctx context.Context) error {
 	}
 }
 
-// rewrite applies change to a copy of cur and writes it. On a conflict it
-// reads the Lease again and applies change to that; other failures are
-// tried again after a pause until ctx ends. change says whether there is
-// anything to write. A Lease without a resourceVersion is read first.
+// rewrite writes change applied to a copy of cur (read first when it has
+// no resourceVersion), if change says to. A conflict reads the Lease again;
+// other failures are tried again after a pause until ctx ends.
 func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change func(*coordinationv1.Lease) (bool, error)) (*coordinationv1.Lease, error) {
 	name, pause := cur.Name, retryPause
 	for {
@@ -230,8 +207,7 @@ func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change fu
 	}
 }
 
-// retryPause is the first pause between two tries of a renewal, a release
-// or a seed mark; it doubles.
+// retryPause is the first pause between tries of rewrite; it doubles.
 const retryPause = 500 * time.Millisecond
 
 // sleep waits for d or until ctx ends; it reports whether ctx is still live.

@@ -1,20 +1,16 @@
-// Package slots caps how many nodes of a cluster pull images at the same
-// time. It hands out K slots, each a coordination.k8s.io/v1 Lease named
-// <instance>-slot-<i> in the agent's namespace: the agent may create
-// Leases and get, update and delete those K names, and list and watch the
-// Leases of its namespace to wait (wait.go).
+// Package slots caps how many nodes of a cluster pull images at once. It
+// hands out K slots, each a coordination.k8s.io/v1 Lease named
+// <instance>-slot-<i> in the agent's namespace. Taking one is an
+// optimistic write (a create, or an update carrying the resourceVersion
+// last seen), so that of two racing nodes the apiserver accepts one; the
+// holder renews while it pulls and clears the holder when done
+// (holding.go). Others take a dead holder's slot once they have seen its
+// Lease unchanged for leaseDurationSeconds on their own clock, as
+// client-go's leader election does, so that clock skew cannot make a live
+// holder look dead. Waiting is in wait.go.
 //
-// Taking a slot is an optimistic write: a create, or an update that
-// carries the resourceVersion last seen, so that of two racing nodes the
-// apiserver accepts one. The holder renews while it pulls and clears the
-// holder when done (holding.go). A holder that dies stops renewing; others
-// take its slot once they have seen its Lease unchanged for its
-// leaseDurationSeconds on their own clock, as client-go's leader election
-// does, so that clock skew cannot make a live holder look dead.
-//
-// Seed mode lets the first N nodes pull alone: until a seed has finished,
-// only slots 0..N-1 may be taken. A seed that finishes records it on the
-// slot-0 Lease (SeededAnnotation); then all K slots are open.
+// Seed mode: until a seed has finished, only slots 0..N-1 may be taken. A
+// seed that finishes records it on slot 0 (SeededAnnotation).
 package slots
 
 import (
@@ -23,11 +19,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
+	"strconv"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
@@ -35,30 +32,26 @@ import (
 )
 
 const (
-	// DefaultLeaseDuration matches client-go's leader election default: a
-	// crashed holder's slot is free again about this long after its last
-	// renewal.
+	// DefaultLeaseDuration is client-go's leader election default.
 	DefaultLeaseDuration = 15 * time.Second
-	// DefaultCallTimeout bounds every single API call.
-	DefaultCallTimeout = 10 * time.Second
+	DefaultCallTimeout   = 10 * time.Second // bounds each API call
 	// DefaultForbiddenFor: a restarted apiserver answers Forbidden until
 	// its RBAC caches are filled, which takes seconds.
 	DefaultForbiddenFor = 30 * time.Second
-	// DefaultReleaseGrace is how long a release may go on once the context
-	// the slot was held with has ended (the pod is terminating).
+	// DefaultReleaseGrace bounds a release once the pod is terminating.
 	DefaultReleaseGrace = 5 * time.Second
 
-	// SeededAnnotation on the slot-0 Lease says that a seed node has
-	// finished pulling. Its value is the Config.SeedKey of that seed.
+	// SeededAnnotation on slot 0 says that a seed has finished; its value
+	// is that seed's Config.SeedKey.
 	SeededAnnotation = v1alpha1.LabelDomain + "/seeded"
 
-	// Labels put on the Leases this package creates, so that waiters can
-	// watch them and an administrator can find and delete them.
-	LabelName      = "app.kubernetes.io/name"
-	LabelInstance  = "app.kubernetes.io/instance"
-	LabelComponent = "app.kubernetes.io/component"
-	// LabelComponentSlot is the LabelComponent value of slot Leases.
+	// Labels on the slot Leases, for the waiters' watch and for admins.
+	LabelName          = "app.kubernetes.io/name"
+	LabelInstance      = "app.kubernetes.io/instance"
+	LabelComponent     = "app.kubernetes.io/component"
 	LabelComponentSlot = "pull-slot"
+	// LabelSlot is the slot's index, for the watch of a group (wait.go).
+	LabelSlot = v1alpha1.LabelDomain + "/slot"
 )
 
 // LeaseClient reads and writes the slot Leases: the agent's
@@ -84,9 +77,9 @@ type Config struct {
 	// LeaseDuration is written to leaseDurationSeconds, in whole seconds
 	// rounded up. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
-	// Herd is how many nodes may wait for a slot at once, at most: the
-	// DaemonSet's desiredNumberScheduled. It sizes the waiters' first
-	// window (wait.go); 0 means unknown.
+	// Herd is how many nodes may wait at once, at most: the DaemonSet's
+	// desiredNumberScheduled; 0 means unknown. It sizes the waiters'
+	// groups and first window (wait.go).
 	Herd int
 	// ReleaseGrace bounds a release once the context given to Hold has
 	// ended, a release already in flight included; CallTimeout bounds each
@@ -102,9 +95,8 @@ type Gate struct {
 	cfg    Config
 	leases LeaseClient
 	log    *slog.Logger
-	// now is the clock, pace the hand-over pace the windows are sized by
-	// and retry the first pause after a failed API call (wait.go); tests
-	// replace them.
+	// The clock, the pace windows are sized by and the first pause after a
+	// failed call (wait.go); tests replace them.
 	now         func() time.Time
 	pace, retry time.Duration
 }
@@ -146,9 +138,8 @@ func SlotName(instance string, i int) string {
 }
 
 // Hold waits until it holds a slot, ctx ends, or the API refuses us for
-// good (for example, missing RBAC). Transient API errors are logged and
-// retried. The caller must call Release on the result; once ctx has
-// ended, Release takes at most Config.ReleaseGrace.
+// good (missing RBAC); transient errors are logged and retried. The caller
+// must Release the result.
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
 	w := g.newWaiter(ctx)
@@ -157,7 +148,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 		return nil, err
 	}
 	g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
-		"waited", g.now().Sub(start).Round(time.Millisecond).String(), "window", w.window.Round(time.Millisecond).String())
+		"waited", g.now().Sub(start).Round(time.Millisecond).String(), "window", w.window.Round(time.Millisecond).String(), "groups", w.groups)
 	return h, nil
 }
 
@@ -172,9 +163,8 @@ func holder(lease *coordinationv1.Lease) string {
 	return *lease.Spec.HolderIdentity
 }
 
-// duration is how long a Lease stays valid after a renewal: its own
-// leaseDurationSeconds, so that a holder configured differently (say,
-// during a rollout) is judged by what it promised.
+// duration is a Lease's own leaseDurationSeconds: a holder configured
+// differently (during a rollout) is judged by what it promised.
 func (g *Gate) duration(lease *coordinationv1.Lease) time.Duration {
 	if d := lease.Spec.LeaseDurationSeconds; d != nil && *d > 0 {
 		return time.Duration(*d) * time.Second
@@ -193,16 +183,13 @@ func (g *Gate) taken(prev *coordinationv1.Lease, i int, id string, now time.Time
 	}
 	secs, t := int32(g.cfg.LeaseDuration/time.Second), metav1.NewMicroTime(now)
 	next.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &secs, AcquireTime: &t, RenewTime: &t, LeaseTransitions: &transitions}
-	if next.Labels == nil {
-		next.Labels = map[string]string{}
-	}
-	maps.Copy(next.Labels, g.labels())
+	next.Labels = labels.Merge(next.Labels, g.labels(i))
 	return next
 }
 
 // labels are on every slot Lease; the waiters' watch selects on them.
-func (g *Gate) labels() map[string]string {
-	return map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot}
+func (g *Gate) labels(i int) map[string]string {
+	return map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot, LabelSlot: strconv.Itoa(i)}
 }
 
 // The API calls, each under its own timeout.

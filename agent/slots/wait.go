@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -14,47 +16,50 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 )
 
-// Waiting. A waiter lists the instance's slot Leases by label and follows
-// them with one watch, so that it sends no request while nothing changes.
-// docs/herd.md gives the measured reason for each rule below.
+// Waiting. A waiter lists the slot Leases and follows them with one
+// watch, so that it sends nothing while nothing changes. docs/herd.md
+// gives the measured reason for each rule.
 //
-// Every waiter sees a freed slot at once. So that they do not all write,
-// each waits a random delay and keeps reading the watch: the first write
-// reaches the others before their delays end. The delay is exponential
-// with a mean of window ÷ F while F slots are free, drawn again whenever F
-// or the window changes. The window is pace × the nodes counted as
-// waiting: Config.Herd at first, one fewer for every take seen, so that
-// the first write comes about pace after a release. Two rules correct it:
-//   - a lost race or a failed write (a timeout, a 5xx, a 429) doubles the
-//     window, and a failed write holds the next one back, 1 s doubling to
-//     30 s: an apiserver in trouble gets fewer writes;
-//   - a slot seen free for stallFactor × pace while no node took any
-//     halves it: fewer nodes wait than counted (some left). Not within
-//     30 s of a failed call or a lost race: a slot also stays free while
-//     the apiserver queues or fails writes, and halving then sends more.
+// Each event of a slot goes to every waiter watching it; at 1,000 nodes
+// that fan-out made hand-overs late. So a large herd watches the slots in
+// groups: slot i is in group i mod G (G the largest power of two ≤ K that
+// leaves watchersPerGroup waiters to a group), and a waiter joins the
+// group of a slot drawn at random. A herd of fewer than watchAllBelow
+// watches all slots, and so does a waiter once the takes it saw in its
+// group leave fewer than that in the herd (the groups drain alike, and
+// one that empties first leaves its slots idle), or once none of its
+// group's slots was free for quietFor (the others may have left).
 //
-// A held slot whose Lease stays unchanged for its duration since this
-// waiter saw it change is free, by a timer. A watch the apiserver ends is
-// resumed from the last version seen, as client-go's reflector does. A
-// random 5-10 min after a list the waiter lists again (the slow resync),
-// so that a watch that stopped delivering cannot keep it waiting for good.
+// So that a freed slot's watchers do not all write, each waits a random
+// delay, exponential with mean window ÷ F while F slots are free, and
+// keeps reading the watch: the first write reaches the others before
+// their delays end. The window is pace × the group's waiters: its share
+// of Config.Herd at first, one fewer for every take seen. A lost race or
+// a failed write doubles it, and a failed write holds the next one back,
+// 1 s doubling to 30 s; a slot seen free for stallFactor × pace while no
+// node took any halves it (not within 30 s of a failed call of ours: a
+// slot also stays free while the apiserver fails writes).
+//
+// A held slot whose Lease stays unchanged for its duration since it was
+// seen to change is free. An ended watch is resumed from the last version
+// seen, as client-go's reflector does; a waiter lists again 5-10 min
+// after a list, lest a watch that stopped delivering keep it waiting.
 const (
-	// pace: about the take latency of a busy apiserver (100 ms at 1,000
-	// nodes), so about one lost race per hand-over; a longer pace slows
-	// every hand-over (docs/herd.md).
-	pace        = 100 * time.Millisecond
-	stallFactor = 16
-	// unknownHerd sizes the first window when the herd is unknown.
-	unknownHerd = 10
-	minWindow   = 10 * time.Millisecond
-	maxWindow   = 30 * time.Minute
-	minRetry    = time.Second // the pauses after a failed API call
-	maxRetry    = 30 * time.Second
-	resync      = 5 * time.Minute
+	// pace: about the take latency of a busy apiserver (docs/herd.md).
+	pace             = 100 * time.Millisecond
+	stallFactor      = 16
+	unknownHerd      = 10 // sizes the first window when the herd is unknown
+	watchersPerGroup = 50
+	watchAllBelow    = 200
+	quietFor         = 5 * time.Second
+	minWindow        = 10 * time.Millisecond
+	maxWindow        = 30 * time.Minute
+	minRetry         = time.Second // the pauses after a failed API call
+	maxRetry         = 30 * time.Second
+	resync           = 5 * time.Minute
 )
 
-// absent is the version a lost race records for a slot with no Lease.
-const absent = "absent"
+const absent = "absent" // the version a lost race records for a slot with no Lease
 
 // waiter is the state of one Hold.
 type waiter struct {
@@ -64,42 +69,52 @@ type waiter struct {
 	names  []string
 	index  map[string]int                   // slot by Lease name
 	leases map[string]*coordinationv1.Lease // the latest version of each
-	// since is when we first saw each Lease at its current version, on
-	// our own clock (a holder is dead once its Lease stays unchanged for
-	// its duration from then); freeSince when each free slot was seen
-	// free, or last counted as stalled; lostAt the version of each slot
-	// we lost a race on, tried again once the watch shows a newer one.
+	// since: when we first saw each Lease at its version, on our clock;
+	// freeSince: when each free slot was seen free, or last stalled;
+	// lostAt: the version of each slot we lost a race on, skipped until
+	// the watch shows a newer one.
 	since, freeSince map[string]time.Time
 	lostAt           map[string]string
 	seeded           bool
-	// window is pace × left, the nodes counted as waiting, corrected.
-	window time.Duration
-	left   int
+	// Its group: the slots i with i mod groups = pick mod groups (share
+	// of them), and slot 0 in the watch while not seeded at the list;
+	// quietSince: since when none of them was free.
+	groups      int
+	pick, share int
+	seedView    bool
+	quietSince  time.Time
+	window      time.Duration // pace × left, the nodes counted as waiting, corrected
+	left        int
 	// retry is the next pause after a failed API call; no write goes out
-	// before quietUntil. failedAt is when a call of ours last failed or
-	// lost a race, tookAt when another node last took a slot.
+	// before quietUntil. failedAt is when a call of ours last failed (a
+	// lost race is no failure), tookAt when another node last took a slot.
 	retry                        time.Duration
 	failedAt, quietUntil, tookAt time.Time
-	// denied are the slots the API refused (Forbidden): after
-	// maxConcurrentNodes was lowered, the Role loses the higher slot names
-	// at once while old pods still count them. refusedSince is when the
-	// API began refusing every slot, or the list.
+	// denied: the slots the API refused (a lowered maxConcurrentNodes);
+	// refusedSince: since when it refuses every slot, or the list.
 	denied       []bool
 	refusedSince time.Time
 	loggedWait   bool
-	// rv is the last version seen, where a watch resumes ("" after a
-	// 410 Gone: list again); relistAt is when the slow resync lists.
+	// rv: the last version seen, where a watch resumes ("" after a 410
+	// Gone: list again); relistAt: when to list again.
 	rv       string
 	relistAt time.Time
 }
 
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
-	herd := cmp.Or(g.cfg.Herd, unknownHerd)
+	k, herd, groups := g.cfg.Slots, cmp.Or(g.cfg.Herd, unknownHerd), 1
+	for herd >= watchAllBelow && 2*groups <= k && 2*groups*watchersPerGroup <= herd {
+		groups *= 2
+	}
+	// A random slot picks the group: each gets its share of the herd.
+	pick := mrand.IntN(k)
+	mine := (k - pick%groups + groups - 1) / groups
+	herd = max(herd*mine/k, 1)
 	w := &waiter{
 		g: g, ctx: ctx, id: fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32()), index: map[string]int{},
 		since: map[string]time.Time{}, freeSince: map[string]time.Time{}, lostAt: map[string]string{},
 		seeded: g.cfg.SeedNodes == 0, window: clampWindow(time.Duration(herd) * g.pace), left: herd,
-		retry: g.retry, denied: make([]bool, g.cfg.Slots),
+		retry: g.retry, denied: make([]bool, g.cfg.Slots), groups: groups, pick: pick, share: mine,
 	}
 	for i := range g.cfg.Slots {
 		w.names = append(w.names, SlotName(g.cfg.Instance, i))
@@ -144,9 +159,7 @@ func (w *waiter) wait() (*Holding, error) {
 		}
 		switch {
 		case apierrors.IsForbidden(err):
-			// A Role without list and watch on Leases (rendered before
-			// waiting by watch) refuses for good; a restarted apiserver
-			// for a moment.
+			// For good under an old Role; for a moment after a restart.
 			if err := w.refused("list and watch Leases "+g.cfg.Namespace+" (the Role needs list and watch on leases: render the instance again)", err); err != nil {
 				return nil, err
 			}
@@ -161,7 +174,7 @@ func (w *waiter) wait() (*Holding, error) {
 	}
 }
 
-// backOff returns the pause after a failed API call, and doubles the next.
+// backOff returns the pause after a failed call, and doubles the next.
 func (w *waiter) backOff() time.Duration {
 	w.failedAt = w.g.now()
 	d := w.retry/2 + mrand.N(w.retry/2+1)
@@ -190,6 +203,9 @@ func (w *waiter) list() (watch.Interface, error) {
 		if _, ok := w.index[l.Name]; !ok {
 			continue // a slot above K: not ours to take
 		}
+		if _, ok := l.Labels[LabelSlot]; !ok {
+			w.groups = 1 // made by an older agent, which does not label the index
+		}
 		if o := old[l.Name]; o == nil || o.ResourceVersion != l.ResourceVersion {
 			// Changed out of sight: its expiry and free time start now.
 			w.since[l.Name] = now
@@ -203,22 +219,40 @@ func (w *waiter) list() (watch.Interface, error) {
 		}
 	}
 	w.rv, w.relistAt = list.ResourceVersion, now.Add(resync+mrand.N(resync+1))
+	w.seedView = !w.seeded && !seededBy(w.leases[w.names[0]], g.cfg.SeedKey)
 	return w.watch()
 }
 
-// watch follows the slots from the last version seen until the resync.
+func (w *waiter) inGroup(i int) bool { return i%w.groups == w.pick%w.groups }
+
+// selector selects the slots the waiter watches: its group, and slot 0
+// while not seeded (for SeededAnnotation).
+func (w *waiter) selector() string {
+	sel := w.g.selector()
+	if w.groups == 1 {
+		return sel
+	}
+	var in []string
+	for i := range w.g.cfg.Slots {
+		if w.inGroup(i) || i == 0 && w.seedView {
+			in = append(in, strconv.Itoa(i))
+		}
+	}
+	return sel + "," + LabelSlot + " in (" + strings.Join(in, ",") + ")"
+}
+
+// watch follows the slots from the last version seen until relistAt.
 func (w *waiter) watch() (watch.Interface, error) {
 	secs := max(int64(w.relistAt.Sub(w.g.now())/time.Second), 1)
-	return w.g.leases.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.g.selector(), ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
+	return w.g.leases.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.selector(), ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
 }
 
 // follow waits on the watch until it holds a slot. It returns (nil, nil)
 // when the watch ends and the slots should be listed again.
 func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	g := w.g
-	// One timer, for the drawn write (fireAt) or the next expiry or stall,
-	// whichever comes first; most events change neither, and a timer per
-	// event would cost every waiter of a large cluster for every renewal.
+	// One timer, for the drawn write (fireAt) or the next expiry, stall or
+	// quiet check: a timer per event would cost every waiter per renewal.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var fireAt, timerAt time.Time
@@ -226,6 +260,20 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	for {
 		now := g.now()
 		free, due := w.free(now)
+		if whole := w.left * g.cfg.Slots / w.share; w.groups > 1 && whole < watchAllBelow {
+			// The groups drain alike: the herd left is whole.
+			w.left, w.window = whole, clampWindow(w.window*time.Duration(g.cfg.Slots)/time.Duration(w.share))
+			w.groups, w.relistAt = 1, now // list again, to watch all slots
+			return nil, nil
+		}
+		if len(free) > 0 || w.groups == 1 || !w.seeded {
+			w.quietSince = time.Time{}
+		} else if w.quietSince = cmp.Or(w.quietSince, now); now.Before(w.quietSince.Add(quietFor)) {
+			due = earliest(due, w.quietSince.Add(quietFor))
+		} else {
+			w.groups, w.relistAt = 1, now // the group was quiet: watch all slots
+			return nil, nil
+		}
 		switch {
 		case len(free) == 0:
 			fireAt = time.Time{}
@@ -234,15 +282,10 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 				g.log.Info("all pull slots are busy; waiting", "slots", w.eligible(), "seeded", w.seeded)
 			}
 		case fireAt.IsZero() || drawn != [2]time.Duration{time.Duration(len(free)), w.window}:
-			fireAt = now.Add(w.delay(free))
-			if fireAt.Before(w.quietUntil) {
-				fireAt = w.quietUntil
-			}
+			fireAt = now.Add(max(w.delay(free), w.quietUntil.Sub(now)))
 			drawn = [2]time.Duration{time.Duration(len(free)), w.window}
 		}
-		if !fireAt.IsZero() && (due.IsZero() || fireAt.Before(due)) {
-			due = fireAt
-		}
+		due = earliest(due, fireAt)
 		if !due.Equal(timerAt) && !due.IsZero() {
 			timer.Reset(due.Sub(now))
 			timerAt = due
@@ -276,8 +319,7 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	}
 }
 
-// apply folds one watch event into what the waiter knows. An error event
-// ends the watch, and the waiter lists again.
+// apply folds one watch event into what the waiter knows.
 func (w *waiter) apply(ev watch.Event) {
 	now := w.g.now()
 	if ev.Type == watch.Error {
@@ -295,7 +337,8 @@ func (w *waiter) apply(ev watch.Event) {
 	if w.rv = l.ResourceVersion; ev.Type == watch.Bookmark {
 		return
 	}
-	if _, slot := w.index[l.Name]; !slot {
+	i, slot := w.index[l.Name]
+	if !slot {
 		return // a slot above K
 	}
 	prev := w.leases[l.Name]
@@ -308,8 +351,8 @@ func (w *waiter) apply(ev watch.Event) {
 	}
 	w.leases[l.Name], w.since[l.Name] = l, now
 	switch h := holder(l); {
-	case h != "" && h != holder(prev) && h != w.id:
-		w.tookAt = now // another node took the slot: one fewer waits
+	case h != "" && h != holder(prev) && h != w.id && w.inGroup(i):
+		w.tookAt = now // another node of the group took the slot: one fewer waits
 		if w.left > 1 {
 			w.window = clampWindow(time.Duration(float64(w.window) * float64(w.left-1) / float64(w.left)))
 			w.left--
@@ -330,24 +373,18 @@ func (w *waiter) eligible() int {
 	return min(w.g.cfg.SeedNodes, w.g.cfg.Slots)
 }
 
-// free lists the eligible slots that may be taken now, and says when to
-// look again: the next expiry of a held slot if its holder stays silent,
-// or the next stall of a free one.
+// free lists the group's eligible slots that may be taken now, and says
+// when to look again: the next expiry of a held slot, or stall of a free one.
 func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	g := w.g
 	if !w.seeded && seededBy(w.leases[w.names[0]], g.cfg.SeedKey) {
 		w.seeded = true
 		g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 	}
-	soonest := func(t time.Time) {
-		if next.IsZero() || t.Before(next) {
-			next = t
-		}
-	}
 	for i := range w.eligible() {
 		name := w.names[i]
 		l := w.leases[name]
-		if v, lost := w.lostAt[name]; w.denied[i] || lost && v == version(l) {
+		if v, lost := w.lostAt[name]; !w.inGroup(i) || w.denied[i] || lost && v == version(l) {
 			continue
 		}
 		switch h := holder(l); {
@@ -357,7 +394,7 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 		case h != "":
 			expiry := w.since[name].Add(g.duration(l))
 			if now.Before(expiry) {
-				soonest(expiry)
+				next = earliest(next, expiry)
 				continue
 			}
 			if _, ok := w.freeSince[name]; !ok {
@@ -366,10 +403,18 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 		}
 		free = append(free, i)
 		if at, ok := w.stallAt(name); ok {
-			soonest(at)
+			next = earliest(next, at)
 		}
 	}
 	return free, next
+}
+
+// earliest is the earlier of two times; the zero time is none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func version(l *coordinationv1.Lease) string {
@@ -379,10 +424,9 @@ func version(l *coordinationv1.Lease) string {
 	return l.ResourceVersion
 }
 
-// stallAt is when a free slot counts as stalled: stallFactor × pace after it was
-// seen free and after another node's last take. Slots not made yet never
-// do: at the start of a new instance the whole herd lists at once, and the
-// first takes come late.
+// stallAt is when a free slot counts as stalled: stallFactor × pace after
+// it was seen free and after another node's last take. Slots not made yet
+// never do: the first takes of a new instance come late.
 func (w *waiter) stallAt(name string) (time.Time, bool) {
 	t, ok := w.freeSince[name]
 	if !ok || w.leases[name] == nil {
@@ -394,9 +438,8 @@ func (w *waiter) stallAt(name string) (time.Time, bool) {
 	return t.Add(stallFactor * w.g.pace), true
 }
 
-// stall halves the window when a free slot has stalled, and counts that
-// slot's wait from now; not within maxRetry of a failed call or lost race
-// of ours.
+// stall halves the window when a free slot has stalled (not within
+// maxRetry of a failed call), and counts its wait from now.
 func (w *waiter) stall(now time.Time) {
 	free, _ := w.free(now)
 	stalled := false
@@ -410,7 +453,6 @@ func (w *waiter) stall(now time.Time) {
 	}
 }
 
-// delay is a random wait before writing to one of the free slots.
 func (w *waiter) delay(free []int) time.Duration {
 	if w.mine(free) >= 0 {
 		return 0
@@ -418,8 +460,7 @@ func (w *waiter) delay(free []int) time.Duration {
 	return time.Duration(mrand.ExpFloat64() * float64(w.window) / float64(len(free)))
 }
 
-// mine is the free slot whose Lease names us, from a write whose answer
-// was lost; -1 if none.
+// mine is the free slot whose Lease names us (a lost answer's write), or -1.
 func (w *waiter) mine(free []int) int {
 	for _, i := range free {
 		if holder(w.leases[w.names[i]]) == w.id {
@@ -429,11 +470,10 @@ func (w *waiter) mine(free []int) int {
 	return -1
 }
 
-// take writes us into slot i: an update on the version the watch last
-// showed, or a create if it showed none. A Lease that names us already
-// comes from a write whose answer was lost: it is written again, so that
-// the slot counts as held from a write this node sent, not from when it
-// noticed.
+// take writes us into slot i: an update on the version last seen, or a
+// create if none. A Lease that names us already comes from a write whose
+// answer was lost: it is written again, so that the slot counts as held
+// from a write this node sent, not from when it noticed.
 func (w *waiter) take(i int) (*Holding, error) {
 	g := w.g
 	name, l := w.names[i], w.leases[w.names[i]]
@@ -443,7 +483,7 @@ func (w *waiter) take(i int) (*Holding, error) {
 		// RBAC cannot limit create by name, but it limits get: the read
 		// refuses a slot above a lowered maxConcurrentNodes.
 		_, err := g.get(w.ctx, name)
-		if err == nil { // made, and not shown yet; or never, without the slot labels (made by hand)
+		if err == nil { // made, and not shown yet (or made without the slot labels)
 			err = apierrors.NewAlreadyExists(coordinationv1.Resource("leases"), name)
 		}
 		if !apierrors.IsNotFound(err) {
@@ -463,10 +503,9 @@ func (w *waiter) take(i int) (*Holding, error) {
 	return g.newHolding(w.ctx, held, i, w.id, seed, sent), nil
 }
 
-// failed handles a failed call for slot i, at version: any failure widens
-// the window, a lost race marks the slot until the watch shows it change,
-// API trouble holds the next write back. It returns an error only when
-// waiting cannot help.
+// failed handles a failed call for slot i at version: it doubles the
+// window, and marks the slot (a lost race) or holds the next write back.
+// It returns an error only when waiting cannot help.
 func (w *waiter) failed(verb string, i int, version string, err error) error {
 	g := w.g
 	switch {
@@ -475,7 +514,7 @@ func (w *waiter) failed(verb string, i int, version string, err error) error {
 	case apierrors.IsUnauthorized(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsMethodNotSupported(err):
 		return fmt.Errorf("%s Lease %s/%s: %w", verb, g.cfg.Namespace, w.names[i], err)
 	}
-	w.refusedSince, w.failedAt = time.Time{}, g.now()
+	w.refusedSince = time.Time{}
 	w.window = clampWindow(2 * w.window)
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
 		w.lostAt[w.names[i]] = version // another node wrote first
@@ -486,9 +525,8 @@ func (w *waiter) failed(verb string, i int, version string, err error) error {
 	return nil
 }
 
-// forbidden skips a slot the API refused us. The slots still named in the
-// Role stay free to use; the wait ends once every eligible slot was
-// refused for ForbiddenFor.
+// forbidden skips a slot the API refused us; the wait ends once every
+// eligible slot was refused for ForbiddenFor.
 func (w *waiter) forbidden(verb string, i int, err error) error {
 	g := w.g
 	if !w.denied[i] {
@@ -508,9 +546,8 @@ func (w *waiter) forbidden(verb string, i int, err error) error {
 	return nil
 }
 
-// refused notes that the API refused us, and ends the wait once it has
-// refused for ForbiddenFor: an apiserver that has just restarted refuses
-// until its RBAC caches are filled, missing RBAC for good.
+// refused ends the wait once the API has refused us for ForbiddenFor: a
+// restarted apiserver refuses until its RBAC caches are filled.
 func (w *waiter) refused(what string, err error) error {
 	now := w.g.now()
 	if w.refusedSince.IsZero() {

@@ -106,6 +106,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("fetch on SIGTERM gives its slot back and records no seed", env.testFetchSIGTERM)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
+	t.Run("a large herd watches the slots in groups; no released slot stays free", env.testGroups)
 	t.Run("a Role without list and watch ends the wait with an error", env.testOldRole)
 	t.Run("a take whose answer was lost is written again; never two holders", env.testLostAnswer)
 	// Last: it stops the apiserver.

@@ -1,0 +1,86 @@
+package slots_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/slots"
+)
+
+// Against the real apiserver (its set-based label selectors, its watch
+// cache, the RBAC the function renders): waiters of a large herd each
+// watch one group of the slots, and every slot released is taken by
+// one of them, including the slots of groups nobody waits on.
+func (e *testEnv) testGroups(t *testing.T) {
+	const k, n, instance = 4, 3, "groups"
+	token := e.agentToken(t, instance, k)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var held []*slots.Holding
+	for range k {
+		h, err := e.gate(t, token, instance, slots.Config{Slots: k, Identity: "holder", LeaseDuration: time.Hour}).Hold(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, h)
+	}
+	var mu sync.Mutex
+	var selectors []string
+	got := make(chan *slots.Holding, n)
+	for range n {
+		// A herd of 1,000: four groups of one slot.
+		g := e.wrappedGate(t, token, instance, slots.Config{Slots: k, Identity: "waiter", LeaseDuration: time.Hour, Herd: 1000},
+			func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
+				if r.URL.Query().Get("watch") == "true" {
+					mu.Lock()
+					selectors = append(selectors, r.URL.Query().Get("labelSelector"))
+					mu.Unlock()
+				}
+				return rt.RoundTrip(r)
+			})
+		go func() {
+			h, err := g.Hold(ctx)
+			if err != nil {
+				t.Errorf("Hold: %v", err)
+				return
+			}
+			got <- h
+		}()
+	}
+	for {
+		mu.Lock()
+		watches := len(selectors)
+		mu.Unlock()
+		if watches == n {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	for _, s := range selectors {
+		if !strings.Contains(s, slots.LabelSlot+" in (") {
+			t.Errorf("a waiter of a herd of 1,000 watches %q, want one group of the slots", s)
+		}
+	}
+	mu.Unlock()
+	// Three waiters cannot cover four groups: whichever slots are
+	// released, each waiter gets one.
+	for _, h := range held[:n] {
+		h.Release()
+	}
+	for range n {
+		select {
+		case h := <-got:
+			defer h.Release()
+		case <-ctx.Done():
+			t.Fatal("released slots stayed free while nodes waited")
+		}
+	}
+	for _, h := range held[n:] {
+		h.Release()
+	}
+}
