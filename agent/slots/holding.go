@@ -212,15 +212,12 @@ const retryPause = 500 * time.Millisecond
 
 // sleep waits for d or until ctx ends; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
+	t := time.NewTimer(max(d, 0))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
 	case <-t.C:
-		return true
+		return ctx.Err() == nil
 	}
 }

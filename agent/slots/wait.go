@@ -21,7 +21,7 @@ import (
 // gives the measured reason for each rule.
 //
 // Each event of a slot goes to every waiter watching it; at 1,000 nodes
-// that fan-out made hand-overs late. So a large herd watches the slots in
+// that fan-out made hand-overs late, so a large herd watches the slots in
 // groups: slot i is in group i mod G (G the largest power of two ≤ K that
 // leaves watchersPerGroup waiters to a group), and a waiter joins the
 // group of a slot drawn at random. A herd of fewer than watchAllBelow
@@ -35,10 +35,10 @@ import (
 // keeps reading the watch: the first write reaches the others before
 // their delays end. The window is pace × the group's waiters: its share
 // of Config.Herd at first, one fewer for every take seen. A lost race or
-// a failed write doubles it, and a failed write holds the next one back,
-// 1 s doubling to 30 s; a slot seen free for stallFactor × pace while no
-// node took any halves it (not within 30 s of a failed call of ours: a
-// slot also stays free while the apiserver fails writes).
+// a failed write doubles it until the next take, and a failed write holds
+// the next one back, 1 s doubling to 30 s; a slot seen free for
+// stallFactor × pace while no node took any halves it (not within 30 s of
+// a failed call: a slot also stays free while the apiserver fails writes).
 //
 // A held slot whose Lease stays unchanged for its duration since it was
 // seen to change is free. An ended watch is resumed from the last version
@@ -71,8 +71,7 @@ type waiter struct {
 	leases map[string]*coordinationv1.Lease // the latest version of each
 	// since: when we first saw each Lease at its version, on our clock;
 	// freeSince: when each free slot was seen free, or last stalled;
-	// lostAt: the version of each slot we lost a race on, skipped until
-	// the watch shows a newer one.
+	// lostAt: the version of a slot we lost a race on, skipped till it changes.
 	since, freeSince map[string]time.Time
 	lostAt           map[string]string
 	seeded           bool
@@ -356,6 +355,9 @@ func (w *waiter) apply(ev watch.Event) {
 		if w.left > 1 {
 			w.window = clampWindow(time.Duration(float64(w.window) * float64(w.left-1) / float64(w.left)))
 			w.left--
+		}
+		if base := time.Duration(w.left) * w.g.pace; w.window > base { // a doubling lasts about one take
+			w.window = clampWindow(max(w.window/2, base))
 		}
 		fallthrough
 	case h != "":

@@ -323,9 +323,9 @@ func TestManyWatchersNeverExceedK(t *testing.T) {
 
 // The window's rules: a lost race doubles it and skips the slot until it
 // changes, a failed write doubles it and holds writes back, a stalled
-// slot halves it (but not right after a failed write), each within bounds; every take by
-// another node takes one node off the count; with F slots free the
-// delay's mean is window ÷ F.
+// slot halves it (but not right after a failed write), each within
+// bounds; every take by another node takes one node off the count and
+// halves a doubling back; with F slots free the delay's mean is window ÷ F.
 func TestWindowRules(t *testing.T) {
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 4, LeaseDuration: time.Hour, Herd: 50}, 0)
@@ -386,7 +386,8 @@ func TestWindowRules(t *testing.T) {
 	if w.window != minWindow {
 		t.Errorf("window %v, want the floor %v", w.window, minWindow)
 	}
-	w.window, w.left = time.Second, 10
+	p := w.g.pace
+	w.window, w.left = 100*p, 100
 	other := "other"
 	taken := free.DeepCopy()
 	taken.ResourceVersion, taken.Spec.HolderIdentity = "8", &other
@@ -394,8 +395,17 @@ func TestWindowRules(t *testing.T) {
 	renewed := taken.DeepCopy()
 	renewed.ResourceVersion = "9"
 	w.apply(watch.Event{Type: watch.Modified, Object: renewed})
-	if w.left != 9 || w.window != time.Second*9/10 {
-		t.Errorf("after another node's take and a renewal: %d counted waiting, window %v; want 9 and 900ms", w.left, w.window)
+	if w.left != 99 || w.window != 99*p {
+		t.Errorf("after another node's take and a renewal: %d counted waiting, window %v; want 99 and %v", w.left, w.window, 99*p)
+	}
+	// Three lost races doubled the window: the next take halves it back.
+	w.window = 8 * 99 * p
+	again := "again"
+	retaken := renewed.DeepCopy()
+	retaken.ResourceVersion, retaken.Spec.HolderIdentity = "10", &again
+	w.apply(watch.Event{Type: watch.Modified, Object: retaken})
+	if w.left != 98 || w.window != 4*98*p {
+		t.Errorf("after a take, with a window doubled three times: %d counted waiting, window %v; want 98 and %v", w.left, w.window, 4*98*p)
 	}
 	w.window = time.Second
 	var sum time.Duration
