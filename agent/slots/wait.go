@@ -45,8 +45,8 @@ import (
 // seen, as client-go's reflector does; a waiter lists again 5-10 min
 // after a list, lest a watch that stopped delivering keep it waiting.
 const (
-	// pace: about the take latency of a busy apiserver (docs/herd.md).
-	pace             = 100 * time.Millisecond
+	// pace: about twice the take latency of a busy apiserver (docs/herd.md).
+	pace             = 200 * time.Millisecond
 	stallFactor      = 16
 	unknownHerd      = 10 // sizes the first window when the herd is unknown
 	watchersPerGroup = 50
