@@ -44,6 +44,30 @@ func (f *fakeAPI) watchedSlots(t *testing.T) []int {
 	return nil
 }
 
+// holdAll holds all k slots, by slot.
+func (f *fakeAPI) holdAll(t *testing.T, k int) map[int]*Holding {
+	t.Helper()
+	held := map[int]*Holding{}
+	holders := f.gate(t, Config{Slots: k, Identity: "holder", LeaseDuration: time.Hour}, 0)
+	for range k {
+		h := hold(t, holders)
+		held[h.Slot()] = h
+	}
+	return held
+}
+
+// watching starts one waiter of g and returns what it takes and the slots
+// its first watch follows (nil: all).
+func (f *fakeAPI) watching(ctx context.Context, t *testing.T, g *Gate) (<-chan *Holding, []int) {
+	t.Helper()
+	f.cs.ClearActions()
+	got := waiters(ctx, t, g, 1)
+	for f.requests()["watch"] < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	return got, f.watchedSlots(t)
+}
+
 // A waiter of a large herd watches a group of the slots, not all of them,
 // so that each take and release reaches a fraction of the herd. It watches
 // them all when the herd is small, and when a slot Lease was made by an
@@ -65,22 +89,14 @@ func TestLargeHerdWatchesAGroup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeAPI(t)
-			holders := f.gate(t, Config{Slots: tc.k, Identity: "holder", LeaseDuration: time.Hour}, 0)
-			for range tc.k {
-				hold(t, holders)
-			}
+			f.holdAll(t, tc.k)
 			if tc.unlabeled {
 				f.write(t, SlotName("demo", 3), func(l *coordinationv1.Lease) { delete(l.Labels, LabelSlot) })
 			}
 			g := f.gate(t, Config{Slots: tc.k, SeedNodes: tc.seeds, Herd: tc.herd, LeaseDuration: time.Hour}, 0)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			f.cs.ClearActions()
-			waiters(ctx, t, g, 1)
-			for f.requests()["watch"] < 1 {
-				time.Sleep(time.Millisecond)
-			}
-			got := f.watchedSlots(t)
+			_, got := f.watching(ctx, t, g)
 			switch {
 			case tc.seeds > 0:
 				if len(got) == 0 || got[0] != 0 || len(got) > 2 {
@@ -101,21 +117,11 @@ func TestLargeHerdWatchesAGroup(t *testing.T) {
 func TestBusyGroupWatchesAllSlots(t *testing.T) {
 	const k = 8
 	f := newFakeAPI(t)
-	held := map[int]*Holding{}
-	holders := f.gate(t, Config{Slots: k, Identity: "holder", LeaseDuration: time.Hour}, 0)
-	for range k {
-		h := hold(t, holders)
-		held[h.Slot()] = h
-	}
+	held := f.holdAll(t, k)
 	g := f.gate(t, Config{Slots: k, Herd: 1000, LeaseDuration: time.Hour}, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*quietFor)
 	defer cancel()
-	f.cs.ClearActions()
-	got := waiters(ctx, t, g, 1)
-	for f.requests()["watch"] < 1 {
-		time.Sleep(time.Millisecond)
-	}
-	group := f.watchedSlots(t)
+	got, group := f.watching(ctx, t, g)
 	if len(group) != 1 {
 		t.Fatalf("watches slots %v, want one", group)
 	}
@@ -141,19 +147,11 @@ func TestBusyGroupWatchesAllSlots(t *testing.T) {
 func TestDrainedGroupWatchesAllSlots(t *testing.T) {
 	const k, herd = 2, 2 * watchAllBelow // two groups of one slot
 	f := newFakeAPI(t)
-	holders := f.gate(t, Config{Slots: k, Identity: "holder", LeaseDuration: time.Hour}, 0)
-	for range k {
-		hold(t, holders)
-	}
+	f.holdAll(t, k)
 	g := f.gate(t, Config{Slots: k, Herd: herd, LeaseDuration: time.Hour}, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f.cs.ClearActions()
-	waiters(ctx, t, g, 1)
-	for f.requests()["watch"] < 1 {
-		time.Sleep(time.Millisecond)
-	}
-	group := f.watchedSlots(t)
+	_, group := f.watching(ctx, t, g)
 	if len(group) != 1 {
 		t.Fatalf("watches slots %v, want one", group)
 	}
