@@ -28,7 +28,8 @@ import (
 // watches all slots, and so does a waiter once the takes it saw in its
 // group leave fewer than that in the herd (the groups drain alike, and
 // one that empties first leaves its slots idle), or once none of its
-// group's slots was free for quietFor (the others may have left).
+// group's slots was free for quietFor (the others may have left); it then
+// counts each other group as many as its own.
 //
 // So that a freed slot's watchers do not all write, each waits a random
 // delay, exponential with mean window ÷ F while F slots are free, and
@@ -259,18 +260,17 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	for {
 		now := g.now()
 		free, due := w.free(now)
-		if whole := w.left * g.cfg.Slots / w.share; w.groups > 1 && whole < watchAllBelow {
-			// The groups drain alike: the herd left is whole.
-			w.left, w.window = whole, clampWindow(w.window*time.Duration(g.cfg.Slots)/time.Duration(w.share))
-			w.groups, w.relistAt = 1, now // list again, to watch all slots
-			return nil, nil
-		}
 		if len(free) > 0 || w.groups == 1 || !w.seeded {
 			w.quietSince = time.Time{}
-		} else if w.quietSince = cmp.Or(w.quietSince, now); now.Before(w.quietSince.Add(quietFor)) {
-			due = earliest(due, w.quietSince.Add(quietFor))
 		} else {
-			w.groups, w.relistAt = 1, now // the group was quiet: watch all slots
+			w.quietSince = cmp.Or(w.quietSince, now)
+			due = earliest(due, w.quietSince.Add(quietFor))
+		}
+		quiet := !w.quietSince.IsZero() && !now.Before(w.quietSince.Add(quietFor))
+		if whole := w.left * g.cfg.Slots / w.share; w.groups > 1 && (whole < watchAllBelow || quiet) {
+			// Watch all slots (list again), with all groups for rivals.
+			w.left, w.window = whole, clampWindow(w.window*time.Duration(g.cfg.Slots)/time.Duration(w.share))
+			w.groups, w.relistAt = 1, now
 			return nil, nil
 		}
 		switch {
