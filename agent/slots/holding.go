@@ -12,8 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// errNotHolder means the Lease names someone else as holder now.
-var errNotHolder = errors.New("the Lease names another holder:")
+var errNotHolder = errors.New("the Lease names another holder:") // someone else holds it now
 
 // Holding is one held slot, renewed in the background until Release.
 type Holding struct {
@@ -207,8 +206,7 @@ func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change fu
 	}
 }
 
-// retryPause is the first pause between tries of rewrite; it doubles.
-const retryPause = 500 * time.Millisecond
+const retryPause = 500 * time.Millisecond // the first pause between tries of rewrite; it doubles
 
 // sleep waits for d or until ctx ends; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {

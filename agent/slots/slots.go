@@ -50,8 +50,7 @@ const (
 	LabelInstance      = "app.kubernetes.io/instance"
 	LabelComponent     = "app.kubernetes.io/component"
 	LabelComponentSlot = "pull-slot"
-	// LabelSlot is the slot's index, for the watch of a group (wait.go).
-	LabelSlot = v1alpha1.LabelDomain + "/slot"
+	LabelSlot          = v1alpha1.LabelDomain + "/slot" // the slot's index, for a group's watch (wait.go)
 )
 
 // LeaseClient reads and writes the slot Leases: the agent's

@@ -28,8 +28,7 @@ import (
 // watches all slots, and so does a waiter once the takes it saw in its
 // group leave fewer than that in the herd (the groups drain alike, and
 // one that empties first leaves its slots idle), or once none of its
-// group's slots was free for quietFor (the others may have left); it then
-// counts each other group as many as its own.
+// group's slots was free for quietFor (the others may have left).
 //
 // So that a freed slot's watchers do not all write, each waits a random
 // delay, exponential with mean window ÷ F while F slots are free, and
@@ -79,12 +78,11 @@ type waiter struct {
 	// Its group: the slots i with i mod groups = pick mod groups (share
 	// of them), and slot 0 in the watch while not seeded at the list;
 	// quietSince: since when none of them was free.
-	groups      int
-	pick, share int
-	seedView    bool
-	quietSince  time.Time
-	window      time.Duration // pace × left, the nodes counted as waiting, corrected
-	left        int
+	groups, pick, share int
+	seedView            bool
+	quietSince          time.Time
+	window              time.Duration // pace × left, the nodes counted as waiting, corrected
+	left                int
 	// retry is the next pause after a failed API call; no write goes out
 	// before quietUntil. failedAt is when a call of ours last failed (a
 	// lost race is no failure), tookAt when another node last took a slot.
@@ -204,7 +202,7 @@ func (w *waiter) list() (watch.Interface, error) {
 			continue // a slot above K: not ours to take
 		}
 		if _, ok := l.Labels[LabelSlot]; !ok {
-			w.groups = 1 // made by an older agent, which does not label the index
+			w.watchAll() // made by an older agent, which does not label the index
 		}
 		if o := old[l.Name]; o == nil || o.ResourceVersion != l.ResourceVersion {
 			// Changed out of sight: its expiry and free time start now.
@@ -224,6 +222,13 @@ func (w *waiter) list() (watch.Interface, error) {
 }
 
 func (w *waiter) inGroup(i int) bool { return i%w.groups == w.pick%w.groups }
+
+// watchAll watches every slot, counting each other group as many as its own.
+func (w *waiter) watchAll() {
+	k := w.g.cfg.Slots
+	w.left, w.window = w.left*k/w.share, clampWindow(w.window*time.Duration(k)/time.Duration(w.share))
+	w.groups, w.share = 1, k
+}
 
 // selector selects the slots the waiter watches: its group, and slot 0
 // while not seeded (for SeededAnnotation).
@@ -268,9 +273,8 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 		}
 		quiet := !w.quietSince.IsZero() && !now.Before(w.quietSince.Add(quietFor))
 		if whole := w.left * g.cfg.Slots / w.share; w.groups > 1 && (whole < watchAllBelow || quiet) {
-			// Watch all slots (list again), with all groups for rivals.
-			w.left, w.window = whole, clampWindow(w.window*time.Duration(g.cfg.Slots)/time.Duration(w.share))
-			w.groups, w.relistAt = 1, now
+			w.watchAll()
+			w.relistAt = now // list again
 			return nil, nil
 		}
 		switch {
