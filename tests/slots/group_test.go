@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,17 +27,19 @@ func (e *testEnv) testGroups(t *testing.T) {
 		}
 		held = append(held, h)
 	}
-	var mu sync.Mutex
-	var selectors []string
+	// The waiters' watches, by label selector; more than enough room for
+	// a few each, so that a send never blocks a request.
+	watches := make(chan string, 16*n)
 	got := make(chan *slots.Holding, n)
 	for range n {
 		// A herd of 1,000: four groups of one slot.
 		g := e.wrappedGate(t, token, instance, slots.Config{Slots: k, Identity: "waiter", LeaseDuration: time.Hour, Herd: 1000},
 			func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 				if r.URL.Query().Get("watch") == "true" {
-					mu.Lock()
-					selectors = append(selectors, r.URL.Query().Get("labelSelector"))
-					mu.Unlock()
+					select {
+					case watches <- r.URL.Query().Get("labelSelector"):
+					default:
+					}
 				}
 				return rt.RoundTrip(r)
 			})
@@ -51,22 +52,16 @@ func (e *testEnv) testGroups(t *testing.T) {
 			got <- h
 		}()
 	}
-	for {
-		mu.Lock()
-		watches := len(selectors)
-		mu.Unlock()
-		if watches == n {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	mu.Lock()
-	for _, s := range selectors {
-		if !strings.Contains(s, slots.LabelSlot+" in (") {
-			t.Errorf("a waiter of a herd of 1,000 watches %q, want one group of the slots", s)
+	for range n {
+		select {
+		case s := <-watches:
+			if !strings.Contains(s, slots.LabelSlot+" in (") {
+				t.Errorf("a waiter of a herd of 1,000 watches %q, want one group of the slots", s)
+			}
+		case <-ctx.Done():
+			t.Fatal("the waiters did not all watch")
 		}
 	}
-	mu.Unlock()
 	// Three waiters cannot cover four groups: whichever slots are
 	// released, each waiter gets one.
 	for _, h := range held[:n] {
