@@ -9,10 +9,6 @@ VERSION           := $(shell cat VERSION)
 BIN               := $(CURDIR)/bin
 LDFLAGS           := -s -w -X $(MODULE)/fn/version.Version=$(VERSION)
 KUSTOMIZE_VERSION := v5.8.2
-# promtool runs the PrometheusRule's alerts in Prometheus's own rule
-# evaluator (tests/monitoring); v0.316.0 is the module version of
-# Prometheus 3.x that the Go module proxy serves.
-PROMTOOL_VERSION  := v0.316.0
 # kpt is not go-installable at a pinned version (its module needs a newer
 # toolchain and replaces), so `make tools` checks the one on PATH instead.
 KPT_VERSION       := 1.0.0-beta.56
@@ -48,7 +44,7 @@ $(BIN)/image-prefetcher-fn: FORCE
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
 
 ## ---- tools and host dependencies ----------------------------------------------
-tools: $(BIN)/kustomize $(BIN)/promtool kpt-check
+tools: $(BIN)/kustomize kpt-check
 
 # tests/examples runs the real `kpt fn render` and `kpt fn eval`; a missing or
 # different kpt fails here, with the fix, instead of half-way through a test.
@@ -63,10 +59,6 @@ kpt-check:
 $(BIN)/kustomize:
 	@echo ">> installing kustomize $(KUSTOMIZE_VERSION) into $(BIN)"
 	GOBIN=$(BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
-
-$(BIN)/promtool:
-	@echo ">> installing promtool (prometheus $(PROMTOOL_VERSION)) into $(BIN)"
-	GOBIN=$(BIN) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
 
 # podman runs the function image under kpt (tests/examples): no daemon, and
 # without its recommends (slirp4netns, fuse-overlayfs, ...), which it does

@@ -1,6 +1,6 @@
 // Package monitoring_test checks the monitoring pack against the real agent:
-// the PrometheusRule's alerts run in the real Prometheus rule evaluator
-// (promtool test rules) on series taken from real scrapes of the agent's
+// the PrometheusRule's alerts run in Prometheus's PromQL engine
+// (ruleeval_test.go) on series taken from real scrapes of the agent's
 // /metrics, and every metric the alerts and the Grafana dashboard use is one
 // the agent exposes.
 package monitoring_test
@@ -10,14 +10,15 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/prometheus/promql/parser"
 	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
 	"sigs.k8s.io/yaml"
 
@@ -36,17 +37,13 @@ func TestMonitoring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	promtool := filepath.Join(bin, "promtool")
-	if _, err := os.Stat(promtool); err != nil {
-		t.Fatalf("%s is missing: run `make tools`", promtool)
-	}
 	agentBin := filepath.Join(bin, "image-prefetcher")
 	if _, err := os.Stat(agentBin); err != nil {
 		t.Fatalf("%s is missing: run `make build`", agentBin)
 	}
 	s := takeScrapes(t, agentBin)
 	rules := renderedRules(t)
-	t.Run("alerts", func(t *testing.T) { testAlerts(t, promtool, rules, s) })
+	t.Run("alerts", func(t *testing.T) { testAlerts(t, rules, s) })
 	t.Run("metric-names", func(t *testing.T) { testMetricNames(t, rules, s) })
 }
 
@@ -115,9 +112,12 @@ type segment struct {
 	minutes int
 }
 
-// seriesOf is the promtool input of one node over its segments: every
-// series any segment has, "_" (no sample) where a segment lacks it.
-func seriesOf(node string, segs ...segment) []inputSeries {
+// seriesOf is the input of one node over its segments, one sample a
+// minute from time 0: every series any segment has, with no sample in the
+// minutes of a segment that lacks it.
+func seriesOf(t *testing.T, node string, segs ...segment) []series {
+	t.Helper()
+	p := parser.NewParser(parser.Options{})
 	var keys []string
 	for _, g := range segs {
 		for k := range g.s {
@@ -127,50 +127,48 @@ func seriesOf(node string, segs ...segment) []inputSeries {
 		}
 	}
 	slices.Sort(keys)
-	var out []inputSeries
+	var out []series
 	for _, k := range keys {
-		var vals []string
+		lset, err := p.ParseMetric(withTarget(k, node))
+		if err != nil {
+			t.Fatalf("series %s: %v", k, err)
+		}
+		s := series{lset: lset}
+		minute := 0
 		for _, g := range segs {
 			v, ok := g.s[k]
-			if !ok {
-				vals = append(vals, fmt.Sprintf("_x%d", g.minutes))
-				continue
+			for range g.minutes {
+				if ok {
+					s.samples = append(s.samples, fsample{t: (time.Duration(minute) * time.Minute).Milliseconds(), f: v})
+				}
+				minute++
 			}
-			vals = append(vals, fmt.Sprintf("%s+0x%d", strconv.FormatFloat(v, 'f', -1, 64), g.minutes-1))
 		}
-		out = append(out, inputSeries{Series: withTarget(k, node), Values: strings.Join(vals, " ")})
+		out = append(out, s)
 	}
 	return out
 }
 
-type inputSeries struct {
-	Series string `json:"series"`
-	Values string `json:"values"`
+// alertCheck: at `at` after the start, the alert fires with exactly want
+// (none: it does not fire).
+type alertCheck struct {
+	at    time.Duration
+	alert string
+	want  []string
 }
 
-type alertTest struct {
-	EvalTime  string     `json:"eval_time"`
-	Alertname string     `json:"alertname"`
-	ExpAlerts []expAlert `json:"exp_alerts"`
+type ruleTest struct {
+	name   string
+	input  []series
+	checks []alertCheck
 }
 
-type expAlert struct {
-	ExpLabels      map[string]string `json:"exp_labels"`
-	ExpAnnotations map[string]string `json:"exp_annotations"`
-}
-
-type testGroup struct {
-	Name           string        `json:"name"`
-	Interval       string        `json:"interval"`
-	InputSeries    []inputSeries `json:"input_series"`
-	AlertRuleTests []alertTest   `json:"alert_rule_test"`
-}
-
-// testAlerts runs, for every alert, input that fires it and input that
-// does not, through promtool test rules.
-func testAlerts(t *testing.T, promtool string, rules []byte, s Scrapes) {
+// testAlerts runs, for every alert, input that fires it, then resolves it,
+// and input that never fires it, through Prometheus's rule evaluation
+// (ruleeval_test.go), one evaluation a minute.
+func testAlerts(t *testing.T, rules []byte, s Scrapes) {
 	groups, annotations := ruleAnnotations(t, rules)
-	expect := func(alert string, labels map[string]string, node, image string) expAlert {
+	expect := func(alert string, labels map[string]string, node, image string) string {
 		l := map[string]string{"severity": groups[alert]}
 		for k, v := range labels {
 			l[k] = v
@@ -180,103 +178,124 @@ func testAlerts(t *testing.T, promtool string, rules []byte, s Scrapes) {
 			v = strings.ReplaceAll(v, "{{ $labels.node }}", node)
 			a[k] = strings.ReplaceAll(v, "{{ $labels.image }}", image)
 		}
-		return expAlert{ExpLabels: l, ExpAnnotations: a}
+		return formatAlert(alert, l, a)
 	}
-	none := []expAlert{}
 	imageLabels := map[string]string{"namespace": namespace, "prefetcher": instance, "image": missing}
-	cat := func(parts ...[]inputSeries) []inputSeries { return slices.Concat(parts...) }
+	cat := func(parts ...[]series) []series { return slices.Concat(parts...) }
+	minute := func(m int) time.Duration { return time.Duration(m) * time.Minute }
 
-	tests := []testGroup{
+	tests := []ruleTest{
 		{
-			Name: "node not succeeded: fires after the overall timeout", Interval: "1m",
-			InputSeries: seriesOf("node-1", segment{s.Failed, 60}),
-			AlertRuleTests: []alertTest{
-				{EvalTime: "15m", Alertname: render.AlertNodeNotSucceeded, ExpAlerts: none},
-				{EvalTime: "31m", Alertname: render.AlertNodeNotSucceeded, ExpAlerts: []expAlert{expect(render.AlertNodeNotSucceeded, targetMap("node-1"), "node-1", "")}},
+			name:  "node not succeeded: fires after the overall timeout, resolves when the node succeeds",
+			input: seriesOf(t, "node-1", segment{s.Failed, 40}, segment{s.Succeeded, 20}),
+			checks: []alertCheck{
+				{minute(15), render.AlertNodeNotSucceeded, nil},
+				{minute(31), render.AlertNodeNotSucceeded, []string{expect(render.AlertNodeNotSucceeded, targetMap("node-1"), "node-1", "")}},
+				{minute(45), render.AlertNodeNotSucceeded, nil},
 			},
 		},
 		{
-			Name: "node not succeeded: a succeeded node, and one that succeeded in between", Interval: "1m",
-			InputSeries: cat(seriesOf("node-1", segment{s.Succeeded, 60}),
-				seriesOf("node-2", segment{s.Failed, 15}, segment{s.Succeeded, 5}, segment{s.Failed, 40})),
-			AlertRuleTests: []alertTest{{EvalTime: "31m", Alertname: render.AlertNodeNotSucceeded, ExpAlerts: none}},
+			name: "node not succeeded: a succeeded node, and one that succeeded in between",
+			input: cat(seriesOf(t, "node-1", segment{s.Succeeded, 60}),
+				seriesOf(t, "node-2", segment{s.Failed, 15}, segment{s.Succeeded, 5}, segment{s.Failed, 40})),
+			checks: []alertCheck{{minute(31), render.AlertNodeNotSucceeded, nil}},
 		},
 		{
-			Name: "image failing everywhere: every node fails it", Interval: "1m",
-			InputSeries: cat(seriesOf("node-1", segment{s.Failed, 30}), seriesOf("node-2", segment{s.Failed, 30})),
-			AlertRuleTests: []alertTest{
-				{EvalTime: "10m", Alertname: render.AlertImageFailingEverywhere, ExpAlerts: none},
-				{EvalTime: "20m", Alertname: render.AlertImageFailingEverywhere, ExpAlerts: []expAlert{expect(render.AlertImageFailingEverywhere, imageLabels, "", missing)}},
+			name: "image failing everywhere: every node fails it, until one has it",
+			input: cat(seriesOf(t, "node-1", segment{s.Failed, 50}),
+				seriesOf(t, "node-2", segment{s.Failed, 30}, segment{s.Succeeded, 20})),
+			checks: []alertCheck{
+				{minute(10), render.AlertImageFailingEverywhere, nil},
+				{minute(20), render.AlertImageFailingEverywhere, []string{expect(render.AlertImageFailingEverywhere, imageLabels, "", missing)}},
+				{minute(45), render.AlertImageFailingEverywhere, nil},
 			},
 		},
 		{
-			Name: "image failing everywhere: one node has it", Interval: "1m",
-			InputSeries:    cat(seriesOf("node-1", segment{s.Failed, 30}), seriesOf("node-2", segment{s.Succeeded, 30})),
-			AlertRuleTests: []alertTest{{EvalTime: "20m", Alertname: render.AlertImageFailingEverywhere, ExpAlerts: none}},
+			name:   "image failing everywhere: one node has it",
+			input:  cat(seriesOf(t, "node-1", segment{s.Failed, 30}), seriesOf(t, "node-2", segment{s.Succeeded, 30})),
+			checks: []alertCheck{{minute(20), render.AlertImageFailingEverywhere, nil}},
 		},
 		{
-			Name: "slot starvation: waiting for over 30 minutes", Interval: "1m",
-			InputSeries: seriesOf("node-1", segment{s.SlotWaiting, 40}),
-			AlertRuleTests: []alertTest{
-				{EvalTime: "25m", Alertname: render.AlertSlotStarvation, ExpAlerts: none},
-				{EvalTime: "35m", Alertname: render.AlertSlotStarvation, ExpAlerts: []expAlert{expect(render.AlertSlotStarvation, targetMap("node-1"), "node-1", "")}},
+			name:  "slot starvation: waiting for over 30 minutes, until the slot comes",
+			input: seriesOf(t, "node-1", segment{s.SlotWaiting, 40}, segment{s.Succeeded, 20}),
+			checks: []alertCheck{
+				{minute(25), render.AlertSlotStarvation, nil},
+				{minute(35), render.AlertSlotStarvation, []string{expect(render.AlertSlotStarvation, targetMap("node-1"), "node-1", "")}},
+				{minute(50), render.AlertSlotStarvation, nil},
 			},
 		},
 		{
-			Name: "slot starvation: the slot comes within 20 minutes", Interval: "1m",
-			InputSeries:    seriesOf("node-1", segment{s.SlotWaiting, 20}, segment{s.Succeeded, 20}),
-			AlertRuleTests: []alertTest{{EvalTime: "35m", Alertname: render.AlertSlotStarvation, ExpAlerts: none}},
+			name:   "slot starvation: the slot comes within 20 minutes",
+			input:  seriesOf(t, "node-1", segment{s.SlotWaiting, 20}, segment{s.Succeeded, 20}),
+			checks: []alertCheck{{minute(35), render.AlertSlotStarvation, nil}},
 		},
 		{
-			Name: "label conflict: someone else rewrote the key, and 30 minutes later it is over", Interval: "1m",
-			InputSeries: seriesOf("node-1", segment{s.Succeeded, 10}, segment{s.Conflict, 40}),
-			AlertRuleTests: []alertTest{
-				{EvalTime: "5m", Alertname: render.AlertLabelConflict, ExpAlerts: none},
-				{EvalTime: "15m", Alertname: render.AlertLabelConflict, ExpAlerts: []expAlert{expect(render.AlertLabelConflict, targetMap("node-1"), "node-1", "")}},
-				{EvalTime: "45m", Alertname: render.AlertLabelConflict, ExpAlerts: none},
+			name:  "label conflict: someone else rewrote the key, and 30 minutes later it is over",
+			input: seriesOf(t, "node-1", segment{s.Succeeded, 10}, segment{s.Conflict, 40}),
+			checks: []alertCheck{
+				{minute(5), render.AlertLabelConflict, nil},
+				{minute(15), render.AlertLabelConflict, []string{expect(render.AlertLabelConflict, targetMap("node-1"), "node-1", "")}},
+				{minute(45), render.AlertLabelConflict, nil},
 			},
 		},
 		{
-			Name: "label conflict: nobody else writes", Interval: "1m",
-			InputSeries:    seriesOf("node-1", segment{s.Succeeded, 40}),
-			AlertRuleTests: []alertTest{{EvalTime: "15m", Alertname: render.AlertLabelConflict, ExpAlerts: none}},
+			name:   "label conflict: nobody else writes",
+			input:  seriesOf(t, "node-1", segment{s.Succeeded, 40}),
+			checks: []alertCheck{{minute(15), render.AlertLabelConflict, nil}},
 		},
 	}
+
+	// Every alert fires, resolves later in the same test, and stays quiet in
+	// another.
+	const fires, resolves, quiet = 1, 2, 4
 	covered := map[string]int{}
-	for _, g := range tests {
-		for _, a := range g.AlertRuleTests {
-			if len(a.ExpAlerts) > 0 {
-				covered[a.Alertname] |= 1
-			} else {
-				covered[a.Alertname] |= 2
+	for _, rt := range tests {
+		fired := map[string]bool{}
+		for _, c := range rt.checks {
+			switch {
+			case len(c.want) > 0:
+				covered[c.alert] |= fires
+				fired[c.alert] = true
+			case fired[c.alert]:
+				covered[c.alert] |= resolves
+			default:
+				if !slices.ContainsFunc(rt.checks, func(o alertCheck) bool { return o.alert == c.alert && len(o.want) > 0 }) {
+					covered[c.alert] |= quiet
+				}
 			}
 		}
 	}
 	for alert := range groups {
-		if covered[alert] != 3 {
-			t.Errorf("alert %s lacks a firing or a non-firing case", alert)
+		if covered[alert] != fires|resolves|quiet {
+			t.Errorf("alert %s lacks a case where it fires, resolves or never fires (have %03b)", alert, covered[alert])
 		}
 	}
 
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644); err != nil {
-		t.Fatal(err)
+	for _, rt := range tests {
+		t.Run(rt.name, func(t *testing.T) {
+			e, err := newEvaluator(rules, rt.input)
+			if err != nil {
+				t.Fatalf("%v\nrules:\n%s", err, rules)
+			}
+			checks := slices.Clone(rt.checks)
+			slices.SortStableFunc(checks, func(a, b alertCheck) int { return int(a.at - b.at) })
+			start := time.Unix(0, 0).UTC()
+			ctx := t.Context()
+			for ts := start; len(checks) > 0; ts = ts.Add(time.Minute) {
+				if err := e.eval(ctx, ts); err != nil {
+					t.Fatal(err)
+				}
+				for len(checks) > 0 && checks[0].at <= ts.Sub(start) {
+					c := checks[0]
+					checks = checks[1:]
+					want := slices.Sorted(slices.Values(c.want))
+					if got := e.firing(c.alert, ts); !slices.Equal(got, want) {
+						t.Errorf("%s at %s: firing %s\nwant %s", c.alert, c.at, joinAlerts(got), joinAlerts(want))
+					}
+				}
+			}
+		})
 	}
-	file := map[string]any{"rule_files": []string{"rules.yaml"}, "evaluation_interval": "1m", "tests": tests}
-	b, err := yaml.Marshal(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tests.yaml"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(promtool, "test", "rules", "tests.yaml")
-	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("promtool test rules: %v\n%s\nrules:\n%s", err, out, rules)
-	}
-	t.Logf("promtool test rules:\n%s", out)
 }
 
 // ruleAnnotations returns each alert's severity and annotations.
