@@ -28,20 +28,25 @@ export PATH := $(BIN):$(PATH)
 export KUBE_BIN_DIR
 export RUNTIMES_DIR
 export CGO_ENABLED := 0
+# One set of compiler flags for every go command here (builds, tests, go
+# run), so that each package is compiled once per platform: -trimpath for
+# the release binaries, and grpcnotrace, which drops grpc's
+# golang.org/x/net/trace, whose html/template use disables the linker's
+# dead-method elimination (-5 MB binary, -2.5 MiB idle RSS; docs/agent.md).
+# The Dockerfiles build with the same flags.
+GO_BUILD_FLAGS := -trimpath -tags=grpcnotrace
+export GOFLAGS := $(strip $(filter-out $(GO_BUILD_FLAGS),$(shell go env GOFLAGS)) $(GO_BUILD_FLAGS))
 
 .PHONY: build test unit e2e tools host-deps kube runtimes FORCE
 
 ## ---- build ------------------------------------------------------------------
 build: $(BIN)/image-prefetcher $(BIN)/image-prefetcher-fn
 
-# grpcnotrace drops grpc's golang.org/x/net/trace, whose html/template use
-# disables the linker's dead-method elimination: -5 MB binary, -2.5 MiB idle
-# RSS (docs/agent.md, Footprint). The Dockerfile builds with the same tag.
 $(BIN)/image-prefetcher: FORCE
-	go build -trimpath -tags grpcnotrace -ldflags '$(LDFLAGS)' -o $@ ./agent/cmd/image-prefetcher
+	go build -ldflags '$(LDFLAGS)' -o $@ ./agent/cmd/image-prefetcher
 
 $(BIN)/image-prefetcher-fn: FORCE
-	go build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
+	go build -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
 
 ## ---- tools and host dependencies ----------------------------------------------
 tools: $(BIN)/kustomize kpt-check
@@ -76,8 +81,10 @@ kube:
 	KUBE_VERSION=$(KUBE_VERSION) KUBE_BIN_CACHE=$(KUBE_BIN_DIR) tests/cluster/hack/build-kube.sh
 
 # containerd 2.x and CRI-O (+ pinns), ~3 min on 2 cores the first time.
+# containerd is pure Go; CRI-O needs host-deps' libseccomp-dev and gcc.
+RUNTIMES_BUILD = CONTAINERD_VERSION=$(CONTAINERD_VERSION) CRIO_VERSION=$(CRIO_VERSION) RUNTIMES_CACHE=$(RUNTIMES_DIR) tests/cluster/hack/build-runtimes.sh
 runtimes: host-deps
-	CONTAINERD_VERSION=$(CONTAINERD_VERSION) CRIO_VERSION=$(CRIO_VERSION) RUNTIMES_CACHE=$(RUNTIMES_DIR) tests/cluster/hack/build-runtimes.sh
+	$(RUNTIMES_BUILD) all
 
 ## ---- container images (needs a Docker engine; see Dockerfile, Dockerfile.fn) ----
 # Both images are stamped with the same VERSION as `make build`, and the agent
@@ -114,8 +121,7 @@ oci: build
 	@for p in $(OCI_PLATFORMS); do \
 	  os=$${p%/*}; arch=$${p#*/}; dir=$(OUT_BIN)/$${os}_$${arch}; \
 	  echo ">> cross-building for $$p into $$dir"; \
-	  GOOS=$$os GOARCH=$$arch go build -trimpath -tags grpcnotrace -ldflags '$(LDFLAGS)' -o $$dir/image-prefetcher ./agent/cmd/image-prefetcher; \
-	  GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags '$(LDFLAGS)' -o $$dir/image-prefetcher-fn ./fn/cmd/image-prefetcher-fn; \
+	  GOOS=$$os GOARCH=$$arch go build -ldflags '$(LDFLAGS)' -o $$dir/ ./agent/cmd/image-prefetcher ./fn/cmd/image-prefetcher-fn; \
 	done
 	go run ./tests/ociimage/cmd/ociimage -user 0:0 -ref $(AGENT_IMAGE) -out out/oci/image-prefetcher \
 	  $(foreach p,$(OCI_PLATFORMS),-platform $(p)=$(OUT_BIN)/$(subst /,_,$(p))/image-prefetcher)
@@ -123,7 +129,49 @@ oci: build
 	  $(foreach p,$(OCI_PLATFORMS),-platform $(p)=$(OUT_BIN)/$(subst /,_,$(p))/image-prefetcher-fn)
 
 ## ---- tests ------------------------------------------------------------------
-test: unit e2e
+# `make test` starts every phase as soon as its inputs are there (make -j):
+# the unit tests, the Kubernetes build, apt then the runtime builds, and the
+# project's binaries, tools and OCI layouts all start at once; the tests
+# against real components start when all of them are done. Each phase's
+# lines are prefixed with [phase]; the log ends with one line per phase
+# (start, duration, result), also when a phase failed.
+TEST_PHASES := $(CURDIR)/out/test-phases
+T0 ?= $(shell date +%s)
+
+# $(call phase,NAME,COMMAND): runs COMMAND, its output prefixed with [NAME],
+# and records NAME's start, duration and exit status in $(TEST_PHASES).
+define phase
+@s=$$(date +%s); rc=0; \
+ { $(2); } 2>&1 | sed -u 's/^/[$(1)] /' || rc=$$?; \
+ echo "$(1) $$((s - $(T0))) $$(( $$(date +%s) - s )) $$rc" >> $(TEST_PHASES); exit $$rc
+endef
+
+.PHONY: test-phases phase-unit phase-kube phase-host-deps phase-containerd phase-cri-o phase-build phase-e2e
+test:
+	@mkdir -p $(dir $(TEST_PHASES)); : > $(TEST_PHASES); t0=$$(date +%s); rc=0; \
+	 $(MAKE) --no-print-directory -j test-phases T0=$$t0 || rc=$$?; \
+	 echo ">> make test: phase times (the phases before e2e overlap)"; \
+	 awk -v total=$$(( $$(date +%s) - t0 )) -v rc=$$rc ' \
+	   function d(x) { return sprintf("%dm%02ds", x / 60, x % 60) } \
+	   { printf ">>   %-10s start +%-7s took %-7s %s\n", $$1, d($$2), d($$3), ($$4 == 0 ? "ok" : "FAILED (exit " $$4 ")") } \
+	   END { printf ">>   %-10s %s, %s\n", "total", d(total), (rc == 0 ? "passed" : "FAILED") }' $(TEST_PHASES); \
+	 exit $$rc
+
+test-phases: phase-e2e
+phase-unit:
+	$(call phase,unit,$(MAKE) --no-print-directory unit)
+phase-kube:
+	$(call phase,kube,$(MAKE) --no-print-directory kube)
+phase-host-deps:
+	$(call phase,host-deps,$(MAKE) --no-print-directory host-deps)
+phase-containerd:
+	$(call phase,containerd,$(RUNTIMES_BUILD) containerd)
+phase-cri-o: phase-host-deps
+	$(call phase,cri-o,$(RUNTIMES_BUILD) cri-o)
+phase-build:
+	$(call phase,build,$(MAKE) --no-print-directory oci tools)
+phase-e2e: phase-unit phase-kube phase-containerd phase-cri-o phase-build
+	$(call phase,e2e,$(E2E_TEST))
 
 unit:
 	@echo ">> unit tests"
@@ -139,9 +187,9 @@ unit:
 E2E_PARALLEL ?= 3
 E2E_FIRST    := e2e conformance slots runtimes interact examples pins readiness
 E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./tests/,$(E2E_FIRST)),$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}./{{slice .ImportPath (len "$(MODULE)/")}}{{end}}' ./tests/...))
+E2E_TEST      = echo ">> tests against real components, $(E2E_PARALLEL) packages at a time" && go test -p $(E2E_PARALLEL) -timeout 60m -v $(E2E_PKGS)
 e2e: build tools host-deps kube runtimes oci
-	@echo ">> tests against real components, $(E2E_PARALLEL) packages at a time"
-	go test -p $(E2E_PARALLEL) -timeout 60m -v $(E2E_PKGS)
+	@$(E2E_TEST)
 
 ## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------
 # Herd control against a simulated cluster: a real kube-apiserver, many

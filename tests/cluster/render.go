@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
@@ -17,11 +16,14 @@ import (
 )
 
 // BinPath is name in the repository's ./bin, where `make build tools` puts
-// the agent, the function and the standalone kustomize. It does not depend
-// on the working directory, unlike ProjectBinDir.
+// the agent, the function and the standalone kustomize (ProjectBinDir: the
+// Makefile's -trimpath leaves no source path to find it by).
 func BinPath(name string) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "bin", name)
+	dir, err := ProjectBinDir()
+	if err != nil {
+		return filepath.Join("bin", name)
+	}
+	return filepath.Join(dir, name)
 }
 
 // CheckBinaries reports the first of kustomize, the function and the agent

@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -65,10 +64,13 @@ func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, ">> "+format+"\n", args...)
 }
 
-// repoRoot is the repository this test file is in.
+// repoRoot is the repository this test runs in.
 func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	bin, err := cluster.ProjectBinDir()
+	if err != nil {
+		panic(err)
+	}
+	return filepath.Dir(bin)
 }
 
 func binPath(name string) string { return filepath.Join(repoRoot(), "bin", name) }

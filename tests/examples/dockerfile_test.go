@@ -117,7 +117,9 @@ func TestDockerfiles(t *testing.T) {
 
 			// Replay the build stage.
 			src := t.TempDir()
-			env := append(tl.env(), "TARGETOS=linux", "TARGETARCH="+runtime.GOARCH, "VERSION="+stampTest)
+			// GOFLAGS empty, as in the golang image: the Makefile's
+			// GOFLAGS must not stand in for the Dockerfile's own flags.
+			env := append(tl.env(), "TARGETOS=linux", "TARGETARCH="+runtime.GOARCH, "VERSION="+stampTest, "GOFLAGS=")
 			out := filepath.Join(src, "out")
 			for _, in := range build[1:] {
 				switch in.cmd {
@@ -162,7 +164,7 @@ func TestDockerfiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Build tags follow `make build`'s recipe for the same binary.
+			// Build tags follow the Makefile's (GO_BUILD_FLAGS).
 			if tags := makeBuildTags(t, tl, tc.binary); tags != "" && !strings.Contains(string(info), "build\t-tags="+tags+"\n") {
 				t.Errorf("make build uses -tags %s for %s, the Dockerfile does not:\n%s", tags, tc.binary, info)
 			}
@@ -245,31 +247,26 @@ func TestExampleVersions(t *testing.T) {
 	}
 }
 
-// makeBuildTags returns the -tags value of the Makefile's go build line for
-// bin/<binary>, or "".
-func makeBuildTags(t *testing.T, tl tools, binary string) string {
+// makeBuildTags returns the -tags value of the Makefile's GO_BUILD_FLAGS,
+// which every go command of the Makefile builds with, or "".
+func makeBuildTags(t *testing.T, tl tools, _ string) string {
 	t.Helper()
 	mk, err := os.ReadFile(filepath.Join(tl.root, "Makefile"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(string(mk), "\n")
-	for i, line := range lines {
-		if !strings.HasPrefix(line, "$(BIN)/"+binary+":") {
+	for _, line := range strings.Split(string(mk), "\n") {
+		flags, ok := strings.CutPrefix(line, "GO_BUILD_FLAGS :=")
+		if !ok {
 			continue
 		}
-		for _, recipe := range lines[i+1:] {
-			if !strings.HasPrefix(recipe, "\t") {
-				break
+		f := strings.Fields(flags)
+		for j, w := range f {
+			if w == "-tags" && j+1 < len(f) {
+				return f[j+1]
 			}
-			f := strings.Fields(recipe)
-			for j, w := range f {
-				if w == "-tags" && j+1 < len(f) {
-					return f[j+1]
-				}
-				if v, ok := strings.CutPrefix(w, "-tags="); ok {
-					return v
-				}
+			if v, ok := strings.CutPrefix(w, "-tags="); ok {
+				return v
 			}
 		}
 	}

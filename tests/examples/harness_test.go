@@ -17,10 +17,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files with the current output")
@@ -36,14 +37,11 @@ type tools struct {
 
 func findTools(t *testing.T) tools {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the test source file")
+	bin, err := cluster.ProjectBinDir()
+	if err != nil {
+		t.Fatal(err)
 	}
-	root := filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("repository root %s has no go.mod: %v", root, err)
-	}
+	root := filepath.Dir(bin)
 	tl := tools{root: root, bin: filepath.Join(root, "bin")}
 	tl.kustomize = mustExecutable(t, filepath.Join(tl.bin, "kustomize"), "run `make tools` to install the standalone kustomize into ./bin")
 	tl.fn = mustExecutable(t, filepath.Join(tl.bin, "image-prefetcher-fn"), "run `make build` to build the function into ./bin")

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -39,8 +38,11 @@ func TestMain(m *testing.M) {
 }
 
 func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	bin, err := cluster.ProjectBinDir()
+	if err != nil {
+		panic(err)
+	}
+	return filepath.Dir(bin)
 }
 
 func agentBin() string { return filepath.Join(repoRoot(), "bin", "image-prefetcher") }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,10 +30,25 @@ type Recording struct {
 	Agent   []corev1.Event `json:"agent"`
 }
 
-// Path is the recording's file.
+// Path is the recording's file, found from the working directory up (go
+// test runs in the package's directory; -trimpath builds have no source
+// path to go by).
 func Path() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "testdata", "recorded.json")
+	rel := filepath.Join("agent", "hits", "testdata", "recorded.json")
+	dir, err := os.Getwd()
+	if err != nil {
+		return rel
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, rel)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return rel
+		}
+		dir = parent
+	}
 }
 
 // Read reads the recording.
