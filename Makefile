@@ -173,9 +173,11 @@ phase-build:
 phase-e2e: phase-unit phase-kube phase-containerd phase-cri-o phase-build
 	$(call phase,e2e,$(E2E_TEST))
 
+# ./docs/: every flag, API field, metric, reason and exit code the code has
+# is in docs/, and every docs link resolves (docs/coverage_test.go).
 unit:
 	@echo ">> unit tests"
-	go test ./fn/... ./agent/...
+	go test ./fn/... ./agent/... ./docs/
 
 # Tests against real components. They fail loudly, never skip, when
 # something they need is missing.
