@@ -335,17 +335,26 @@ func anchors(text string) map[string]bool {
 	return out
 }
 
-// TestLinks: every relative link of docs/ and the README names a file that
-// exists and, for a page, a heading it has.
+// TestLinks: every relative link of the repository's pages (docs/, the
+// READMEs) names a file that exists and, for a page, a heading it has.
 func TestLinks(t *testing.T) {
-	docs := pages(t)
-	readme, err := os.ReadFile("../README.md")
+	all := map[string]string{}
+	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && p != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "out" || d.Name() == "bin" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".md") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		all[p] = string(b)
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	all := map[string]string{"../README.md": string(readme)}
-	for p, text := range docs {
-		all[p] = text
 	}
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	for p, text := range all {
