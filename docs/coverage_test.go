@@ -28,6 +28,14 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
+// Page budgets (issue 37): docs a reader finishes. Every page counts,
+// docs/integrations/ included.
+const (
+	maxTotalLines = 3000
+	maxPageLines  = 450
+	maxTesting    = 250
+)
+
 // pages returns docs/*.md and docs/*/*.md, by path relative to docs/.
 func pages(t *testing.T) map[string]string {
 	t.Helper()
@@ -295,6 +303,25 @@ func TestExitCodesDocumented(t *testing.T) {
 		if !rows[c] {
 			t.Errorf("exit code %s (%s) has no row in an Exit codes table of docs/", c, where)
 		}
+	}
+}
+
+// TestPageBudgets: docs/ stays a size a reader finishes.
+func TestPageBudgets(t *testing.T) {
+	total := 0
+	for p, text := range pages(t) {
+		n := strings.Count(text, "\n")
+		total += n
+		limit := maxPageLines
+		if p == "testing.md" {
+			limit = maxTesting
+		}
+		if n > limit {
+			t.Errorf("docs/%s has %d lines, over its %d", p, n, limit)
+		}
+	}
+	if total > maxTotalLines {
+		t.Errorf("docs/ has %d lines, over %d", total, maxTotalLines)
 	}
 }
 
