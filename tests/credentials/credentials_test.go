@@ -14,6 +14,7 @@ package credentials_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/hits"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
@@ -144,6 +146,11 @@ func TestCredentialPolicies(t *testing.T) {
 		{node: 0, image: privateImg, secret: true, runs: true},
 		{node: 1, image: privateImg, secret: false, runs: false, verified: true},
 		{node: 1, image: privateImg, secret: true, runs: true, verified: true},
+		// The verified start left the kubelet a record of the secret for
+		// this image: the next pod with it starts without a round-trip,
+		// and a pod without it is still refused.
+		{node: 1, image: privateImg, secret: true, runs: true},
+		{node: 1, image: privateImg, secret: false, runs: false, verified: true},
 		{node: 1, image: publicImg, secret: false, runs: true, verified: true},
 		{node: 2, image: publicImg, secret: false, runs: true},
 		{node: 2, image: privateImg, secret: false, runs: false, verified: true},
@@ -152,6 +159,42 @@ func TestCredentialPolicies(t *testing.T) {
 	for i, tc := range cases {
 		name := fmt.Sprintf("%s/%s/secret=%v", strings.Fields(policies[tc.node])[0], strings.TrimPrefix(tc.image, "ghcr.io/e2e/"), tc.secret)
 		t.Run(name, func(t *testing.T) { start(ctx, t, cs, fmt.Sprintf("start-%d", i), tc) })
+	}
+	t.Run("status", func(t *testing.T) { checkStatus(ctx, t) })
+}
+
+// checkStatus runs `status` and `status --hits` with the cluster's admin
+// kubeconfig. The private instance's agents pull with credentials, which
+// the table's "Private images" line names. A start that only verified
+// (node 2, AlwaysVerify) has the kubelet's Event of a download: --hits
+// counts it a miss, and its note says why that may not be a download.
+func checkStatus(ctx context.Context, t *testing.T) {
+	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig).Output()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`(?m)^Private images: private pull with credentials\. .*AlwaysVerify`).Match(out) {
+		t.Errorf("status names no private instance:\n%s", out)
+	}
+	out, err = c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--hits", "-o", "json", "--kubeconfig", c.Kubeconfig, "--instance", "private").Output()
+	if err != nil {
+		t.Fatalf("status --hits: %v\n%s", err, out)
+	}
+	var r hits.Report
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	byNode := map[string]hits.Counts{}
+	for _, i := range r.Instances {
+		for _, n := range i.Nodes {
+			byNode[n.Node] = n.Counts
+		}
+	}
+	nodes := c.Nodes()
+	// node 1: two hits; node 2: the verified start a miss, the one after
+	// it a hit; node 3: the verified start a miss.
+	if byNode[nodes[0].Name].Hits != 2 || byNode[nodes[1].Name].Misses != 1 || byNode[nodes[2].Name].Misses != 1 || r.Note != hits.VerificationNote {
+		t.Errorf("status --hits:\n%s", out)
 	}
 }
 
@@ -234,6 +277,15 @@ func start(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, name str
 		// One try: the challenge, then the manifest with the secret's
 		// credentials. More would be a retry (a pull without the secret).
 		t.Errorf("want the challenge then the manifest (401, 200), got: %s", strings.Join(seen, ", "))
+	}
+	if tc.secret {
+		evs, err := cs.CoreV1().Events(apps).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=FailedToRetrieveImagePullSecret"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			t.Errorf("the kubelet pulled without the pod's secret: %s", e.Message)
+		}
 	}
 	pulled := pulledEvent(ctx, t, cs, name, tc.runs)
 	t.Logf("%s on %s: %s after %d ms; registry: %d requests [%s]; kubelet: %s",
