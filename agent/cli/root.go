@@ -148,7 +148,7 @@ func newRoot(deps Deps) (*cobra.Command, *globalFlags) {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &ExitCodeError{Code: ExitUsage, Err: err}
 	})
-	root.AddCommand(newFetch(&deps), newWatch(&deps), newSleep(&deps), newStatus(&deps), newVersion(&deps))
+	root.AddCommand(newFetch(&deps), newWatch(&deps), newSleep(&deps), newStatus(&deps), newAllowlist(&deps), newVersion(&deps))
 	return root, g
 }
 

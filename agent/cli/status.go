@@ -215,6 +215,7 @@ func printTable(deps *Deps, rows []NodeStatus) {
 	}
 	_ = w.Flush()
 	printConflicts(deps, rows)
+	fmt.Fprint(deps.Stdout, privateNote(rows))
 }
 
 // column is one column of the status table after NODE.

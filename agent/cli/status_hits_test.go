@@ -72,6 +72,7 @@ web       n2     failed     0     0       1
 miss: web on n1 at 2026-01-01T10:02:00Z (label succeeded): pod apps/b pulled app:1
 miss: web on n2 at 2026-01-01T10:03:00Z (label failed, not counted): pod apps/c pulled app:1
 Counted: containers started while the node was labeled succeeded; a hit found the image on the node, a miss pulled it (the kubelet's Events, since 2026-01-01T10:01:00Z; the apiserver keeps Events for its --event-ttl, 1h by default).
+Note: ` + hits.VerificationNote + `
 `
 	if got := e.stdout.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)

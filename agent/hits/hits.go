@@ -94,6 +94,30 @@ type Report struct {
 	// kept: nothing before it can be seen.
 	Since     *time.Time `json:"since,omitempty"`
 	Instances []Instance `json:"instances"`
+	// Note, set when there are misses, says what a miss may also be.
+	Note string `json:"note,omitempty"`
+}
+
+// VerificationNote is Report.Note. Under the kubelet's
+// imagePullCredentialsVerificationPolicy AlwaysVerify or
+// NeverVerifyAllowlistedImages, a pod's start that only checked its
+// credentials with the registry (a manifest request, no layer) gets the
+// same Pulled Event as a download (tests/credentials): the Events cannot
+// tell the two apart, so the view does not guess.
+const VerificationNote = "A miss may be a credential verification and no download: under the kubelet's imagePullCredentialsVerificationPolicy AlwaysVerify or NeverVerifyAllowlistedImages, a start that only checked the pod's credentials with the registry has the same Pulled Event as a download. The kubelet's metric kubelet_image_manager_ensure_image_requests_total{present_locally=\"true\",pull_required=\"true\"} counts those starts, per node."
+
+// noteMisses sets Note when any instance has a miss, counted or not.
+func (r *Report) noteMisses() {
+	for _, i := range r.Instances {
+		for _, n := range i.Nodes {
+			for _, p := range n.Pulls {
+				if !p.Hit {
+					r.Note = VerificationNote
+					return
+				}
+			}
+		}
+	}
 }
 
 // Source is what one instance's view is built from.

@@ -64,6 +64,7 @@ func Read(ctx context.Context, c Client, nodes []corev1.Node, domain string, wan
 		inst.Kubelet, inst.Nodes, inst.Key = pulled, nodes, label.Key(domain, w.Instance)
 		r.Instances = append(r.Instances, Build(inst))
 	}
+	r.noteMisses()
 	return r, nil
 }
 

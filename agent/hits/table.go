@@ -58,6 +58,12 @@ func WriteTable(out io.Writer, r Report) error {
 	if r.Since != nil {
 		since = "since " + r.Since.UTC().Format(time.RFC3339)
 	}
-	_, err := fmt.Fprintf(out, "Counted: containers started while the node was labeled succeeded; a hit found the image on the node, a miss pulled it (the kubelet's Events, %s; the apiserver keeps Events for its --event-ttl, 1h by default).\n", since)
+	if _, err := fmt.Fprintf(out, "Counted: containers started while the node was labeled succeeded; a hit found the image on the node, a miss pulled it (the kubelet's Events, %s; the apiserver keeps Events for its --event-ttl, 1h by default).\n", since); err != nil {
+		return err
+	}
+	if r.Note == "" {
+		return nil
+	}
+	_, err := fmt.Fprintf(out, "Note: %s\n", r.Note)
 	return err
 }

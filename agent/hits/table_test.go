@@ -48,3 +48,21 @@ Counted: containers started while the node was labeled succeeded; a hit found th
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// A miss, counted or not, may be a credential verification: the Report
+// says so instead of guessing.
+func TestNoteMisses(t *testing.T) {
+	hit := Node{Node: "n1", Pulls: []Pull{{Hit: true}}}
+	miss := Node{Node: "n2", Pulls: []Pull{{Hit: false, Label: LabelUnknown}}}
+	for _, tt := range []struct {
+		name  string
+		nodes []Node
+		note  bool
+	}{{"hits only", []Node{hit}, false}, {"a miss", []Node{hit, miss}, true}, {"nothing", nil, false}} {
+		r := Report{Instances: []Instance{{Instance: "web", Nodes: tt.nodes}}}
+		r.noteMisses()
+		if (r.Note == VerificationNote) != tt.note || !tt.note && r.Note != "" {
+			t.Errorf("%s: note %q", tt.name, r.Note)
+		}
+	}
+}

@@ -74,6 +74,10 @@ type Summary struct {
 	// Disk is the image filesystem against the disk ceiling when the
 	// summary was made; nil when its capacity could not be read.
 	Disk *Disk `json:"disk,omitempty"`
+	// Credentials: the agent pulls with pull secrets or credential
+	// plugins, so the list may hold private images, which the kubelet's
+	// default policy lets any pod on the node run (docs/security.md).
+	Credentials bool `json:"credentials,omitempty"`
 }
 
 // Pins is the pinning part of the annotation.
@@ -237,7 +241,7 @@ func (s Summary) Same(o Summary) bool {
 	if (s.Owner == nil) != (o.Owner == nil) || s.Owner != nil && *s.Owner != *o.Owner {
 		return false
 	}
-	if s.Pod != o.Pod || s.List != o.List {
+	if s.Pod != o.Pod || s.List != o.List || s.Credentials != o.Credentials {
 		return false
 	}
 	if !sameDisk(s.Disk, o.Disk) {
@@ -307,6 +311,8 @@ type Labeler struct {
 	// in every summary written.
 	StartupTaint         string
 	StartupTaintDeadline time.Time
+	// Credentials is recorded in every summary written (Summary.Credentials).
+	Credentials bool
 }
 
 func (l *Labeler) log() *slog.Logger {
@@ -329,7 +335,7 @@ func (l *Labeler) Apply(ctx context.Context, s Summary) error {
 
 // stamp records who writes s, for which list and startup taint.
 func (l *Labeler) stamp(s Summary) Summary {
-	s.Owner, s.Pod, s.List = l.Owner, l.Pod, l.List
+	s.Owner, s.Pod, s.List, s.Credentials = l.Owner, l.Pod, l.List, l.Credentials
 	if l.StartupTaint != "" {
 		s.StartupTaint = l.StartupTaint
 		if !l.StartupTaintDeadline.IsZero() {

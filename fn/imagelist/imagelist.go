@@ -174,3 +174,23 @@ func Host(ref string) (string, error) {
 	}
 	return r.domain, nil
 }
+
+// Spellings returns the repository of ref (no tag, no digest) in every
+// way a pod's image field commonly writes it: the kubelet matches names
+// as written, without normalizing them, so a Docker Hub repository is
+// "busybox", "library/busybox", "docker.io/busybox" and
+// "docker.io/library/busybox" to it. Other registries have one spelling.
+func Spellings(ref string) ([]string, error) {
+	r, err := parseNormalized(ref)
+	if err != nil {
+		return nil, fmt.Errorf("invalid image reference %q: %w", ref, err)
+	}
+	if r.domain != defaultDomain {
+		return []string{r.name()}, nil
+	}
+	out := []string{r.path, defaultDomain + "/" + r.path}
+	if short, ok := strings.CutPrefix(r.path, officialPrefix); ok {
+		out = append(out, short, defaultDomain+"/"+short)
+	}
+	return out, nil
+}

@@ -2,6 +2,7 @@ package imagelist
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -145,4 +146,26 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("reparse changed the list: %q -> %q", l.Refs(), again.Refs())
 		}
 	})
+}
+
+// The kubelet's allowlist matches names as pods write them (agent/allowlist).
+func TestSpellings(t *testing.T) {
+	tests := []struct {
+		ref  string
+		want []string
+	}{
+		{"busybox:1.37", []string{"library/busybox", "docker.io/library/busybox", "busybox", "docker.io/busybox"}},
+		{"index.docker.io/org/app@sha256:" + strings.Repeat("a", 64), []string{"org/app", "docker.io/org/app"}},
+		{"ghcr.io/org/app:v1", []string{"ghcr.io/org/app"}},
+		{"localhost:5000/app", []string{"localhost:5000/app"}},
+	}
+	for _, tt := range tests {
+		got, err := Spellings(tt.ref)
+		if err != nil || !slices.Equal(got, tt.want) {
+			t.Errorf("Spellings(%q) = %v, %v; want %v", tt.ref, got, err, tt.want)
+		}
+	}
+	if _, err := Spellings("Bad:ref:x"); err == nil {
+		t.Error("an invalid reference was accepted")
+	}
 }

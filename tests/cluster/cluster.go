@@ -84,6 +84,10 @@ type Options struct {
 	// KubeletConfiguration, e.g. imageMinimumGCAge or evictionHard: the
 	// harness's kubelets never garbage-collect images otherwise.
 	KubeletConfig map[string]any
+	// NodeKubeletConfig, when set, replaces top-level fields of node i's
+	// KubeletConfiguration after KubeletConfig: kubelets set up unlike
+	// each other in one cluster, e.g. imagePullCredentialsVerificationPolicy.
+	NodeKubeletConfig func(i int) map[string]any
 	// ImageStoreBytes, when set, makes each node's image store (its
 	// runtime's root directory) a tmpfs of that size, inside the node's
 	// mount namespace: a small image filesystem of the node's own, which

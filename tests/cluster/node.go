@@ -237,6 +237,9 @@ func (n *Node) prepare(ctx context.Context) error {
 	}
 	cfgName, cfg := n.runtimeConfig()
 	kubelet, err := withFields(n.kubeletConfig(), n.c.opts.KubeletConfig)
+	if err == nil && n.c.opts.NodeKubeletConfig != nil {
+		kubelet, err = withFields(kubelet, n.c.opts.NodeKubeletConfig(n.Index))
+	}
 	if err != nil {
 		return fmt.Errorf("kubelet config: %w", err)
 	}
