@@ -41,8 +41,8 @@ func (c *Config) validateStartupTaint(s v1alpha1.Spec) Problems {
 	default:
 		if errs := validation.IsQualifiedName(st.Key); len(errs) > 0 {
 			p = append(p, errorf("spec.startupTaint.key", "%q is not a valid taint key: %s", st.Key, strings.Join(errs, "; ")))
-		} else if v1alpha1.ReservedTaint(st.Key) {
-			p = append(p, errorf("spec.startupTaint.key", "%q is a taint Kubernetes sets and removes itself (node conditions, cloud provider, control plane): removing it would undo that state; use a key of your own, e.g. startup-taint.cluster-autoscaler.kubernetes.io/image-prefetcher", st.Key))
+		} else if owner := v1alpha1.TaintOwner(st.Key); owner != "" {
+			p = append(p, errorf("spec.startupTaint.key", "%q is a taint owned by %s, which sets and removes it: the agent removing it would undo that state; use a key of your own, e.g. startup-taint.cluster-autoscaler.kubernetes.io/image-prefetcher", st.Key, owner))
 		}
 	}
 	maxWait := st.MaxWait

@@ -2,6 +2,7 @@ package render
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,17 +60,20 @@ func TestStartupTaintTolerations(t *testing.T) {
 	}
 }
 
-// Taints Kubernetes keeps for itself are refused: removing one would undo
-// the node lifecycle's or the cloud provider's own state.
+// Taints another controller owns are refused, naming it: removing one
+// would undo that controller's state.
 func TestStartupTaintReservedKeys(t *testing.T) {
-	for _, key := range []string{
-		"node.kubernetes.io/not-ready",
-		"node.kubernetes.io/unschedulable",
-		"node.kubernetes.io/out-of-service",
-		"node.cloudprovider.kubernetes.io/uninitialized",
-		"node.cloudprovider.kubernetes.io/shutdown",
-		"node-role.kubernetes.io/control-plane",
-		"node.alpha.kubernetes.io/notReady",
+	for key, owner := range map[string]string{
+		"node.kubernetes.io/not-ready":                   "node lifecycle",
+		"node.kubernetes.io/unschedulable":               "node lifecycle",
+		"node.kubernetes.io/out-of-service":              "node lifecycle",
+		"node.cloudprovider.kubernetes.io/uninitialized": "cloud node controllers",
+		"node.cloudprovider.kubernetes.io/shutdown":      "cloud node controllers",
+		"node-role.kubernetes.io/control-plane":          "kubeadm",
+		"node.alpha.kubernetes.io/notReady":              "node lifecycle",
+		"ToBeDeletedByClusterAutoscaler":                 "cluster-autoscaler",
+		"DeletionCandidateOfClusterAutoscaler":           "cluster-autoscaler",
+		"karpenter.sh/disruption":                        "Karpenter",
 	} {
 		t.Run(key, func(t *testing.T) {
 			ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, StartupTaint: &v1alpha1.StartupTaint{Key: key}}}
@@ -77,10 +81,10 @@ func TestStartupTaintReservedKeys(t *testing.T) {
 			_, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
 			found := false
 			for _, p := range probs {
-				found = found || p.Severity == Error && p.Path == "spec.startupTaint.key"
+				found = found || p.Severity == Error && p.Path == "spec.startupTaint.key" && strings.Contains(p.Message, owner)
 			}
 			if !found {
-				t.Errorf("accepted: %v", probs)
+				t.Errorf("not refused naming %q: %v", owner, probs)
 			}
 		})
 	}

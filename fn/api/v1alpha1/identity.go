@@ -42,26 +42,29 @@ const EnvInstanceNamespace = "INSTANCE_NAMESPACE"
 // the list it checked.
 const ListDigestAnnotation = LabelDomain + "/list-digest"
 
-// reservedTaintPrefixes are the key prefixes of the taints Kubernetes sets
-// and removes itself: the node lifecycle controller's condition taints
-// (node.kubernetes.io/, and their deprecated node.alpha.kubernetes.io/
-// forms), the cloud node controllers' (node.cloudprovider.kubernetes.io/
-// uninitialized and shutdown) and kubeadm's control-plane taints
-// (node-role.kubernetes.io/). Removing one of them would undo that state.
-var reservedTaintPrefixes = []string{
-	"node.kubernetes.io/",
-	"node.alpha.kubernetes.io/",
-	"node.cloudprovider.kubernetes.io/",
-	"node-role.kubernetes.io/",
+// reservedTaints are the taint keys (a trailing "/" makes a prefix) that
+// another controller sets and removes, with that controller: removing one
+// would undo its state. The function refuses them as startup taints.
+var reservedTaints = []struct{ key, owner string }{
+	{"node.kubernetes.io/", "the kubelet and the node lifecycle controller (node conditions)"},
+	{"node.alpha.kubernetes.io/", "the node lifecycle controller (deprecated condition taints)"},
+	{"node.cloudprovider.kubernetes.io/", "the cloud node controllers (uninitialized, shutdown)"},
+	{"node-role.kubernetes.io/", "kubeadm (control-plane nodes)"},
+	{"ToBeDeletedByClusterAutoscaler", "the cluster-autoscaler (scale-down in progress)"},
+	{"DeletionCandidateOfClusterAutoscaler", "the cluster-autoscaler (scale-down candidate)"},
+	{"karpenter.sh/", "Karpenter (karpenter.sh/disruption, karpenter.sh/unregistered)"},
 }
 
-// ReservedTaint reports whether Kubernetes keeps taints with key for
-// itself, so that a startup taint may not have it.
-func ReservedTaint(key string) bool {
-	for _, p := range reservedTaintPrefixes {
-		if strings.HasPrefix(key, p) {
-			return true
+// TaintOwner is the controller that owns taints with key, or "".
+func TaintOwner(key string) string {
+	for _, r := range reservedTaints {
+		if key == r.key || strings.HasSuffix(r.key, "/") && strings.HasPrefix(key, r.key) {
+			return r.owner
 		}
 	}
-	return false
+	return ""
 }
+
+// ReservedTaint reports whether another controller owns taints with key,
+// so that a startup taint may not have it.
+func ReservedTaint(key string) bool { return TaintOwner(key) != "" }
