@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kptdev/krm-functions-sdk/go/fn"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -96,5 +97,38 @@ func TestSpliceFallsBack(t *testing.T) {
 	want := "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n- {\"apiVersion\": \"v1\", \"kind\": \"ConfigMap\", \"metadata\": {\"name\": \"a\"}}\n"
 	if string(out) != want {
 		t.Errorf("got\n%s\nwant\n%s", out, want)
+	}
+}
+
+// TestRenderedAnnotationsLimit: the user's annotations are copied onto
+// every rendered object next to the function's own, and the apiserver
+// limits them together; user annotations that fit alone but not with the
+// function's are an error at metadata.annotations.
+func TestRenderedAnnotationsLimit(t *testing.T) {
+	for _, tc := range []struct {
+		under int // bytes the user's annotations stay under 256 KiB
+		fails bool
+	}{{40, true}, {2048, false}} {
+		key := "example.com/big"
+		value := strings.Repeat("x", 256<<10-tc.under-len(key))
+		in := "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: web\n    namespace: team-a\n    annotations:\n      " + key + ": " + value + "\n  spec:\n    images: [debian:bookworm]\n"
+		_, results, err := Run([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var paths []string
+		for _, r := range results {
+			if r.Severity == fn.Error && r.Field != nil {
+				paths = append(paths, r.Field.Path)
+			}
+		}
+		if got := len(paths) > 0; got != tc.fails {
+			t.Errorf("%d bytes under the limit: errors at %v, want failure %v", tc.under, paths, tc.fails)
+		}
+		for _, p := range paths {
+			if p != "metadata.annotations" {
+				t.Errorf("%d bytes under the limit: error at %s, want metadata.annotations", tc.under, p)
+			}
+		}
 	}
 }

@@ -31,13 +31,11 @@ func instanceOf(ip *yaml.RNode) instance { return instance{ip.GetNamespace(), ip
 func (i instance) String() string { return i.namespace + "/" + i.name }
 
 // markRendered puts the owner mark on each object rendered for src.
-func markRendered(objs []*yaml.RNode, src *yaml.RNode) error {
+// Rendered objects are mappings with metadata: setting cannot fail.
+func markRendered(objs []*yaml.RNode, src *yaml.RNode) {
 	for _, o := range objs {
-		if err := o.PipeE(yaml.SetAnnotation(RenderedForAnnotation, instanceOf(src).String())); err != nil {
-			return fmt.Errorf("mark %s: %w", idOf(o), err)
-		}
+		_ = o.PipeE(yaml.SetAnnotation(RenderedForAnnotation, instanceOf(src).String()))
 	}
-	return nil
 }
 
 // ownerOf is the instance the function rendered n for, if it rendered n.

@@ -129,11 +129,6 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) 
 		if objs == nil {
 			return nil
 		}
-		if err := markRendered(objs, src); err != nil {
-			results = append(results, &fn.Result{Severity: fn.Error, Message: "cannot mark the rendered objects: " + err.Error(),
-				ResourceRef: refOf(src), Field: &fn.Field{Path: "metadata.annotations"}})
-			return nil
-		}
 		return &expansion{source: src, objs: objs}
 	}
 
@@ -419,6 +414,11 @@ func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup, items []*yaml.RNo
 	if err != nil {
 		// A bug, not bad input: Validate accepted the spec.
 		add(render.Problems{{Severity: render.Error, Path: "spec", Message: "internal error, please report it: " + err.Error()}})
+		return nil, results
+	}
+	markRendered(objs, src)
+	if probs := render.CheckRenderedAnnotations(objs); probs.HasErrors() {
+		add(probs)
 		return nil, results
 	}
 	return objs, results

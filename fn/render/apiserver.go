@@ -11,6 +11,7 @@ import (
 	metavalidation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
 // The checks in this file are the kube-apiserver's own (v1.36,
@@ -79,6 +80,25 @@ func checkAnnotationMap(annotations map[string]string, path string) Problems {
 	}
 	if err := apivalidation.ValidateAnnotationsSize(annotations); err != nil {
 		p = append(p, errorf(path, "the annotations copied onto every object are too large: %v", err))
+	}
+	return p
+}
+
+// CheckRenderedAnnotations holds the annotations of every rendered object,
+// and of a pod template, against the apiserver's limit once everything the
+// function adds is there: the user's annotations alone may fit and the
+// rendered objects not.
+func CheckRenderedAnnotations(objs []*yaml.RNode) Problems {
+	var p Problems
+	for _, o := range objs {
+		at := o.GetKind() + " " + o.GetName()
+		err := apivalidation.ValidateAnnotationsSize(o.GetAnnotations())
+		if tpl, _ := o.Pipe(yaml.Lookup("spec", "template")); err == nil && tpl != nil {
+			at, err = at+"'s pod template", apivalidation.ValidateAnnotationsSize(tpl.GetAnnotations())
+		}
+		if err != nil {
+			p = append(p, errorf("metadata.annotations", "the apiserver would refuse the rendered %s: with the function's own annotations, %v; shorten the annotations", at, err))
+		}
 	}
 	return p
 }
