@@ -2,14 +2,16 @@ package krm
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
 // FuzzPassThrough: whatever the formatting of the items, the output of a
 // run with nothing to expand parses back to the same items, comments
-// included; the splicer either gets it exactly right or falls back.
+// included.
 func FuzzPassThrough(f *testing.F) {
 	if b, err := os.ReadFile("testdata/passthrough.in.yaml"); err == nil {
 		f.Add(string(b))
@@ -33,7 +35,7 @@ func FuzzPassThrough(f *testing.F) {
 		}
 		out, _, err := Run([]byte(in))
 		if err != nil {
-			return // e.g. an item the encoder cannot write; not a splice bug
+			return // e.g. an item the encoder cannot write
 		}
 		got, err := fn.ParseResourceList(out)
 		if err != nil {
@@ -48,4 +50,27 @@ func FuzzPassThrough(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sameNode compares data and comments, not presentation (quoting, flow
+// or block style, indentation).
+func sameNode(a, b *yaml.Node) bool {
+	if a.Kind != b.Kind || len(a.Content) != len(b.Content) ||
+		strings.TrimSpace(a.HeadComment) != strings.TrimSpace(b.HeadComment) ||
+		strings.TrimSpace(a.LineComment) != strings.TrimSpace(b.LineComment) ||
+		strings.TrimSpace(a.FootComment) != strings.TrimSpace(b.FootComment) {
+		return false
+	}
+	switch a.Kind {
+	case yaml.ScalarNode:
+		return a.Value == b.Value && a.ShortTag() == b.ShortTag()
+	case yaml.AliasNode:
+		return a.Alias != nil && b.Alias != nil && a.Alias.Anchor == b.Alias.Anchor
+	}
+	for i := range a.Content {
+		if !sameNode(a.Content[i], b.Content[i]) {
+			return false
+		}
+	}
+	return true
 }

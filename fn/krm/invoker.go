@@ -1,7 +1,6 @@
 package krm
 
 import (
-	"github.com/kptdev/krm-functions-sdk/go/fn"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -48,19 +47,6 @@ func InvokedBy(items []*yaml.RNode, fc *yaml.RNode) Invoker {
 	var fca map[string]string
 	if fc != nil {
 		fca = fc.GetAnnotations()
-	}
-	return invokedBy(annotations, fca)
-}
-
-// invokedByList is InvokedBy on a parsed ResourceList.
-func invokedByList(rl *fn.ResourceList) Invoker {
-	annotations := make([]map[string]string, len(rl.Items))
-	for i, ko := range rl.Items {
-		annotations[i] = ko.GetAnnotations()
-	}
-	var fca map[string]string
-	if rl.FunctionConfig != nil && !rl.FunctionConfig.IsEmpty() {
-		fca = rl.FunctionConfig.GetAnnotations()
 	}
 	return invokedBy(annotations, fca)
 }

@@ -7,17 +7,18 @@ import (
 	"testing"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
 // TestMutatedInputs runs the pass-through property over a few hundred
 // deterministic mutations of the odd-format input (lines dropped, doubled,
 // re-indented, comments inserted): the output always parses, and its items
-// are the input's, whether spliced or re-encoded.
+// are the input's.
 func TestMutatedInputs(t *testing.T) {
 	b, _ := os.ReadFile("testdata/passthrough.in.yaml")
 	base := strings.Split(string(b), "\n")
 	r := rand.New(rand.NewSource(1))
-	spliced, fellBack, checked := 0, 0, 0
+	checked := 0
 	for n := 0; n < 400; n++ {
 		lines := append([]string(nil), base...)
 		for k := 0; k < 1+r.Intn(3); k++ {
@@ -37,7 +38,8 @@ func TestMutatedInputs(t *testing.T) {
 		}
 		in := strings.Join(lines, "\n")
 		want, err := fn.ParseResourceList([]byte(in))
-		if err != nil {
+		var strict any // no duplicate keys: YAML forbids them, kpt and kustomize refuse them
+		if err != nil || yaml.Unmarshal([]byte(in), &strict) != nil {
 			continue
 		}
 		out, res, err := Run([]byte(in))
@@ -53,11 +55,6 @@ func TestMutatedInputs(t *testing.T) {
 			if len(got.Items) != len(want.Items) {
 				t.Fatalf("an error result changed the items\n%s\n----\n%s", in, out)
 			}
-		}
-		if len(lines) > 6 && strings.Contains(string(out), strings.Join(lines[3:6], "\n")) {
-			spliced++
-		} else {
-			fellBack++
 		}
 		if res.ExitCode() == 0 {
 			ip := false
@@ -76,5 +73,7 @@ func TestMutatedInputs(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("checked %d, spliced %d, fell back %d", checked, spliced, fellBack)
+	if checked < 100 {
+		t.Errorf("only %d of 400 mutations checked", checked)
+	}
 }

@@ -146,7 +146,7 @@ func TestOwnership(t *testing.T) {
 			name:    "kpt: admission policy off removes the policy and its binding",
 			earlier: resourceList(kptWeb, ""),
 			edit: func(s string) string {
-				return strings.Replace(s, "images: [debian:bookworm]\n", "images: [debian:bookworm]\n    admissionPolicy: false\n", 1)
+				return strings.Replace(s, "  spec:\n    images:", "  spec:\n    admissionPolicy: false\n    images:", 1)
 			},
 			want:     append([]string{"ImagePrefetcher prefetch/web @ p.yaml"}, objectsOf("prefetch", "web", "image-prefetcher.prefetch.web.yaml")[:7]...),
 			wantInfo: "removed what image-prefetcher-fn rendered earlier for this instance and no longer renders: ValidatingAdmissionPolicy image-prefetcher.prefetch.web, ValidatingAdmissionPolicyBinding image-prefetcher.prefetch.web",

@@ -31,10 +31,6 @@ const (
 	previousNames = "internal.config.kubernetes.io/previousNames"
 )
 
-// Processor is the function. It never returns an error for bad input:
-// findings become results, and the boolean is false when one is an error.
-var Processor = fn.ResourceListProcessorFunc(Process)
-
 type id struct{ apiVersion, kind, namespace, name string }
 
 func idOf(n *yaml.RNode) id {
@@ -52,7 +48,14 @@ func isPrefetcher(n *yaml.RNode) bool {
 	return n.GetKind() == v1alpha1.Kind && strings.HasPrefix(n.GetApiVersion(), v1alpha1.Group+"/")
 }
 
-// Process expands ImagePrefetchers in rl.
+type expansion struct {
+	source *yaml.RNode
+	objs   []*yaml.RNode
+	// file is where kpt writes objs, "" for kustomize's generator mode.
+	file string
+}
+
+// expandAll expands the ImagePrefetchers among items.
 //
 // Generator mode: the functionConfig is an ImagePrefetcher and kustomize
 // invoked the function as a generator (see invokedAsGenerator). Its
@@ -76,38 +79,11 @@ func isPrefetcher(n *yaml.RNode) bool {
 // for an instance this run renders is replaced: what it no longer renders
 // is gone. Under kpt, an object marked for an instance that is no longer in
 // the package is removed too. Objects without the mark are never touched.
-func Process(rl *fn.ResourceList) (bool, error) {
-	items := make([]*yaml.RNode, len(rl.Items))
-	for i, ko := range rl.Items {
-		items[i] = ko.MoveToResourceNode()
-	}
-	var fc *yaml.RNode
-	if rl.FunctionConfig != nil && !rl.FunctionConfig.IsEmpty() {
-		fc = rl.FunctionConfig.CopyToResourceNode()
-	}
-	out, results := expandAll(items, fc)
-	if results.ExitCode() != 0 {
-		out = items // leave the input as it was
-	}
-	rl.Items = fn.MoveToKubeObjects(out)
-	// Results describe one invocation. Results already in the input come
-	// from an earlier run (or another function): keeping them would repeat
-	// each warning every time the function runs on its own output, and an
-	// old error would fail a run that found nothing wrong.
-	rl.Results = results
-	return results.ExitCode() == 0, nil
-}
-
-type expansion struct {
-	source *yaml.RNode
-	objs   []*yaml.RNode
-	// file is where kpt writes objs, "" for kustomize's generator mode.
-	file string
-}
-
-func expandAll(items []*yaml.RNode, fc *yaml.RNode) ([]*yaml.RNode, fn.Results) {
+//
+// When a result is an error, the items are returned as they came.
+func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, fn.Results) {
 	var results fn.Results
-	kpt := InvokedBy(items, fc) == Kpt
+	kpt := by == Kpt
 	if r := selectionRefused(items, fc); kpt && r != nil {
 		return items, fn.Results{r}
 	}
