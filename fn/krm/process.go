@@ -89,7 +89,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 	}
 	fcIsIP := fc != nil && isPrefetcher(fc)
 	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
-	lookup := configMapLookup(items)
+	sources := render.Sources{ConfigMaps: configMapLookup(items), StartupTaintKeys: render.StartupTaintKeys(append([]*yaml.RNode{fc}, items...))}
 	results = append(results, typoWarnings(items, fc)...)
 	// A kustomize generator is given its own configuration and nothing
 	// else: no workload to select.
@@ -99,7 +99,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 	}
 
 	expand := func(src *yaml.RNode) *expansion {
-		objs, rs := expandOne(src, lookup, workloadItems)
+		objs, rs := expandOne(src, sources, workloadItems)
 		explain(rs, src, items, generator)
 		results = append(results, rs...)
 		if objs == nil {
@@ -248,6 +248,14 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 				removed[owner] = append(removed[owner], idOf(it).String())
 			}
 			continue
+		case owned && it.GetKind() == "DaemonSet":
+			// A lower layer rendered it without knowing this run's instances.
+			for _, e := range exps {
+				for _, key := range render.Untolerated(it, render.StartupTaintKeys([]*yaml.RNode{e.source})) {
+					results = append(results, &fn.Result{Severity: fn.Error, ResourceRef: refOf(it), File: fileOf(it), Field: &fn.Field{Path: "spec.template.spec.tolerations"},
+						Message: fmt.Sprintf("rendered by a lower layer for ImagePrefetcher %s, which has a startup taint, does not tolerate %s, the startup taint of ImagePrefetcher %s: on a node that registers with both, neither agent starts and neither taint goes; add {key: %s, operator: Exists} to the spec.tolerations of %s", owner, key, instanceOf(e.source), key, owner)})
+				}
+			}
 		case clash && !owned && isLegacyRendering(it, e.source):
 			dropped[i] = true
 			continue
@@ -340,7 +348,7 @@ func fileOf(n *yaml.RNode) *fn.File {
 // expandOne decodes, validates and renders one ImagePrefetcher. items are
 // the objects its spec.imageListFrom.workloads selects from; nil when the
 // function cannot see them.
-func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup, items []*yaml.RNode) ([]*yaml.RNode, fn.Results) {
+func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]*yaml.RNode, fn.Results) {
 	var results fn.Results
 	var col *workloads.Collection
 	add := func(ps render.Problems) {
@@ -376,7 +384,6 @@ func expandOne(src *yaml.RNode, lookup render.ConfigMapLookup, items []*yaml.RNo
 	if probs.HasErrors() {
 		return nil, results
 	}
-	sources := render.Sources{ConfigMaps: lookup}
 	if lf := ip.Spec.ImageListFrom; lf != nil && lf.Workloads != nil && items != nil {
 		c := workloads.Collect(items, lf.Workloads)
 		col, sources.Workloads = &c, &c

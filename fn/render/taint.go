@@ -9,6 +9,7 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -63,12 +64,69 @@ func (c *Config) validateStartupTaint(s v1alpha1.Spec) Problems {
 	c.StartupTaint = cfg
 
 	// The default tolerates every taint. A narrowed list must still let the
-	// agent onto a node that carries the taint, or nothing would remove it.
-	if s.Tolerations != nil && st.Key != "" && !slices.ContainsFunc(c.Tolerations, func(t corev1.Toleration) bool { return toleratesEveryEffect(t, st.Key) }) {
-		c.Tolerations = append(slices.Clone(c.Tolerations), corev1.Toleration{Key: st.Key, Operator: corev1.TolerationOpExists})
-		p = append(p, warnf("spec.tolerations", "does not tolerate the startup taint %s with every effect: the DaemonSet also gets {key: %s, operator: Exists}, because the agent must run on the nodes that carry the taint to remove it", st.Key, st.Key))
+	// agent onto a node that carries the taint, or nothing would remove it;
+	// and onto one that also carries another instance's startup taint, or
+	// each agent waits for the other's taint to go, for ever.
+	if s.Tolerations != nil && st.Key != "" {
+		for _, key := range slices.Compact(slices.Sorted(slices.Values(append([]string{st.Key}, c.startupTaintKeys...)))) {
+			if slices.ContainsFunc(c.Tolerations, func(t corev1.Toleration) bool { return toleratesEveryEffect(t, key) }) {
+				continue
+			}
+			c.Tolerations = append(slices.Clone(c.Tolerations), corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists})
+			why := "the agent must run on the nodes that carry the taint to remove it"
+			if key != st.Key {
+				why = "another instance in the ResourceList has that startup taint, and on a node with both neither agent would start otherwise"
+			}
+			p = append(p, warnf("spec.tolerations", "does not tolerate the startup taint %s with every effect: the DaemonSet also gets {key: %s, operator: Exists}, because %s", key, key, why))
+		}
 	}
 	return p
+}
+
+// StartupTaintKeys are the startup-taint keys of the ImagePrefetchers in
+// items and of the DaemonSets rendered for an instance before (a lower
+// kustomize layer), from the agent's --startup-taint flag.
+func StartupTaintKeys(items []*yaml.RNode) []string {
+	var keys []string
+	for _, n := range items {
+		switch {
+		case n == nil:
+		case n.GetKind() == v1alpha1.Kind:
+			if k, _ := n.Pipe(yaml.Lookup("spec", "startupTaint", "key")); k != nil && yaml.GetValue(k) != "" {
+				keys = append(keys, yaml.GetValue(k))
+			}
+		case n.GetKind() == "DaemonSet" && n.GetLabels()[LabelManagedBy] == ManagedBy:
+			ctrs, _ := n.Pipe(yaml.Lookup("spec", "template", "spec", "containers"))
+			for _, ctr := range ctrs.Content() {
+				args, _ := yaml.NewRNode(ctr).Pipe(yaml.Lookup("args"))
+				for _, a := range args.Content() {
+					if k, ok := strings.CutPrefix(a.Value, "--startup-taint="); ok {
+						keys = append(keys, k)
+					}
+				}
+			}
+		}
+	}
+	return keys
+}
+
+// Untolerated are the keys a rendered DaemonSet with a startup taint does
+// not tolerate with every effect; nil for one without a startup taint.
+func Untolerated(ds *yaml.RNode, keys []string) []string {
+	if len(StartupTaintKeys([]*yaml.RNode{ds})) == 0 {
+		return nil
+	}
+	tols, _ := ds.Pipe(yaml.Lookup("spec", "template", "spec", "tolerations"))
+	var missing []string
+	for _, key := range keys {
+		if !slices.ContainsFunc(tols.Content(), func(n *yaml.Node) bool {
+			var t corev1.Toleration
+			return n.Decode(&t) == nil && toleratesEveryEffect(t, key)
+		}) {
+			missing = append(missing, key)
+		}
+	}
+	return missing
 }
 
 // toleratesEveryEffect reports whether t tolerates a taint with key and any

@@ -91,6 +91,8 @@ type Config struct {
 	// rendered list; nil when spec.images is the only source. Comments do
 	// not reach the agent, so they stay out of the hash.
 	sections []section
+	// startupTaintKeys are Sources.StartupTaintKeys.
+	startupTaintKeys []string
 }
 
 // DefaultResources are the agent's requests and limits when
@@ -119,7 +121,7 @@ func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Pro
 func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problems) {
 	var p Problems
 	s := ip.Spec
-	c := Config{Name: ip.Metadata.Name, Namespace: ip.Metadata.Namespace}
+	c := Config{Name: ip.Metadata.Name, Namespace: ip.Metadata.Namespace, startupTaintKeys: src.StartupTaintKeys}
 
 	switch {
 	case c.Name == "":

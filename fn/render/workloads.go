@@ -18,6 +18,9 @@ type Sources struct {
 	// when the function cannot see the workloads: as a kustomize
 	// generator it is given its own configuration and nothing else.
 	Workloads *workloads.Collection
+	// StartupTaintKeys are the startup taints of every instance in the
+	// ResourceList (StartupTaintKeys).
+	StartupTaintKeys []string
 }
 
 // section is one source of the rendered list: a comment line, then the
