@@ -40,26 +40,13 @@ const (
 // seqindent means kpt. A file path is no signal: the function's own output
 // carries paths, and kustomize passes it to the next layer.
 func InvokedBy(items []*yaml.RNode, fc *yaml.RNode) Invoker {
-	annotations := make([]map[string]string, len(items))
-	for i, it := range items {
-		annotations[i] = it.GetAnnotations()
-	}
-	var fca map[string]string
-	if fc != nil {
-		fca = fc.GetAnnotations()
-	}
-	return invokedBy(annotations, fca)
-}
-
-func invokedBy(items []map[string]string, fc map[string]string) Invoker {
-	kpt := fc[seqIndent] != ""
-	for _, a := range items {
+	kpt := fc != nil && fc.GetAnnotations()[seqIndent] != ""
+	for _, it := range items {
+		a := it.GetAnnotations()
 		if a[kustomizeID] != "" {
 			return Kustomize
 		}
-		if a[seqIndent] != "" {
-			kpt = true
-		}
+		kpt = kpt || a[seqIndent] != ""
 	}
 	if kpt {
 		return Kpt

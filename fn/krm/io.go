@@ -3,7 +3,6 @@ package krm
 import (
 	"bytes"
 	"fmt"
-	"strings"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
 	"sigs.k8s.io/kustomize/kyaml/kio"
@@ -57,29 +56,4 @@ func RunInvoked(in []byte) ([]byte, fn.Results, Invoker, error) {
 		return nil, nil, by, fmt.Errorf("write ResourceList: %w", err)
 	}
 	return out.Bytes(), results, by, nil
-}
-
-// Describe is the one-line, human-readable form of a result, for stderr:
-// kustomize shows a failing function's stderr and nothing else.
-func Describe(r *fn.Result) string {
-	var b strings.Builder
-	b.WriteString(string(r.Severity))
-	b.WriteString(": ")
-	if ref := r.ResourceRef; ref != nil {
-		b.WriteString(ref.Kind)
-		b.WriteString(" ")
-		if ref.Namespace != "" {
-			b.WriteString(ref.Namespace + "/")
-		}
-		b.WriteString(cmpOr(ref.Name, "(no name)"))
-		if r.File != nil && r.File.Path != "" {
-			fmt.Fprintf(&b, " (%s)", r.File.Path)
-		}
-		b.WriteString(": ")
-	}
-	if r.Field != nil && r.Field.Path != "" {
-		b.WriteString(r.Field.Path + ": ")
-	}
-	b.WriteString(strings.ReplaceAll(r.Message, "\n", " "))
-	return b.String()
 }

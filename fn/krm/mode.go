@@ -1,6 +1,7 @@
 package krm
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -99,7 +100,7 @@ func explain(rs fn.Results, src *yaml.RNode, items []*yaml.RNode, generator bool
 			var elsewhere []string
 			for _, it := range items {
 				if it.GetKind() == "ConfigMap" && it.GetName() == yaml.GetValue(name) && it.GetNamespace() != src.GetNamespace() {
-					elsewhere = append(elsewhere, cmpOr(it.GetNamespace(), "(none)"))
+					elsewhere = append(elsewhere, cmp.Or(it.GetNamespace(), "(none)"))
 				}
 			}
 			if len(elsewhere) > 0 {
@@ -107,13 +108,6 @@ func explain(rs fn.Results, src *yaml.RNode, items []*yaml.RNode, generator bool
 			}
 		}
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // kptSelection is kpt's mark on every item it passes to a pipeline step

@@ -4,10 +4,14 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"github.com/kptdev/krm-functions-sdk/go/fn"
 
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
@@ -42,7 +46,7 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 	// would show each twice. kustomize shows only stderr.
 	if by != krm.Kpt {
 		for _, r := range results {
-			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", krm.Describe(r))
+			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", describe(r))
 		}
 		if file := componentKustomization("."); file != "" {
 			fmt.Fprintf(stderr, "image-prefetcher-fn: warning: run from the kustomize Component %s: kustomize runs a component's transformers before the patches, namespace and namePrefix of the kustomization that includes it, so a patch of the ImagePrefetcher there is silently lost, and a namespace: there moves the agent away from the namespace it was rendered for (the agent then refuses to run); list the function under transformers: of the top kustomization instead (docs/integrations/kustomize.md)\n", file)
@@ -81,4 +85,29 @@ func componentKustomization(dir string) string {
 		return ""
 	}
 	return ""
+}
+
+// describe is the one-line, human-readable form of a result, for stderr:
+// kustomize shows a failing function's stderr and nothing else.
+func describe(r *fn.Result) string {
+	var b strings.Builder
+	b.WriteString(string(r.Severity))
+	b.WriteString(": ")
+	if ref := r.ResourceRef; ref != nil {
+		b.WriteString(ref.Kind)
+		b.WriteString(" ")
+		if ref.Namespace != "" {
+			b.WriteString(ref.Namespace + "/")
+		}
+		b.WriteString(cmp.Or(ref.Name, "(no name)"))
+		if r.File != nil && r.File.Path != "" {
+			fmt.Fprintf(&b, " (%s)", r.File.Path)
+		}
+		b.WriteString(": ")
+	}
+	if r.Field != nil && r.Field.Path != "" {
+		b.WriteString(r.Field.Path + ": ")
+	}
+	b.WriteString(strings.ReplaceAll(r.Message, "\n", " "))
+	return b.String()
 }
