@@ -200,7 +200,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 		return items, results
 	}
 
-	if rs := sameNames(exps); len(rs) > 0 {
+	if rs := sameNames(exps, items, kpt); len(rs) > 0 {
 		return items, append(results, rs...)
 	}
 

@@ -62,3 +62,53 @@ func TestSameNameIsAnError(t *testing.T) {
 		})
 	}
 }
+
+// TestSameNameAcrossLayers: what a lower kustomize layer rendered carries
+// the rendered-for mark; an upper layer that renders an instance of the same
+// name in another namespace, or sees two renamed copies of one rendering,
+// is refused naming both.
+func TestSameNameAcrossLayers(t *testing.T) {
+	ip := func(ns string) string {
+		return "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: web\n    namespace: " + ns + "\n  spec:\n    images: [debian:bookworm]\n"
+	}
+	out, results, err := Run([]byte("apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n" + ip("team-a")))
+	if err != nil || results.ExitCode() != 0 {
+		t.Fatalf("lower layer: %v %v", err, results)
+	}
+	lower := string(out)[strings.Index(string(out), "items:\n")+len("items:\n"):]
+	if i := strings.Index(lower, "results:\n"); i >= 0 {
+		lower = lower[:i]
+	}
+	renamed := func(prefix string) string {
+		return strings.ReplaceAll(lower, "  name: image-prefetcher-web\n", "  name: "+prefix+"image-prefetcher-web\n")
+	}
+	for _, tc := range []struct{ name, items, want string }{
+		{"same name, other namespace", lower + ip("team-b"),
+			"ImagePrefetcher team-b/web has the name of ImagePrefetcher team-a/web, which a lower layer rendered (ServiceAccount team-a/image-prefetcher-web carries image-prefetcher.stackrox.io/rendered-for: team-a/web)"},
+		{"renamed copies", renamed("a-") + renamed("b-"),
+			"DaemonSet team-a/a-image-prefetcher-web and DaemonSet team-a/b-image-prefetcher-web are both what image-prefetcher-fn rendered for ImagePrefetcher team-a/web, renamed after rendering"},
+		{"one renamed copy", renamed("a-"), ""},
+		{"the same instance again", lower + ip("team-a"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, results, err := Run([]byte("apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n" + tc.items))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == "" {
+				if results.ExitCode() != 0 {
+					t.Errorf("refused: %v", results)
+				}
+				return
+			}
+			if results.ExitCode() == 0 || !strings.Contains(results.Error(), tc.want) {
+				t.Errorf("results %v, want an error with %q", results, tc.want)
+			}
+			for _, r := range results {
+				if r.Severity == fn.Error && (r.Field == nil || r.Field.Path != "metadata.name") {
+					t.Errorf("error without the field path metadata.name: %+v", r)
+				}
+			}
+		})
+	}
+}
