@@ -119,3 +119,60 @@ spec:
 		})
 	}
 }
+
+// TestKustomizeLayersRefused runs the real kustomize where layers meet. A
+// namePrefix in the kustomization that lists the function is applied
+// before the function runs (kustomize runs transformers: last), so the
+// instance takes the prefixed name, a distinct identity. A prefix above a
+// rendering renames its output only: two such copies share one instance,
+// and a layer that sees both refuses them, as it refuses an instance with
+// the name of one a lower layer rendered. Errors name both.
+func TestKustomizeLayersRefused(t *testing.T) {
+	tl := findTools(t)
+	web := intent{namespace: "prefetch", name: "web", images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true}
+	other := web
+	other.namespace = "other"
+	files := map[string]string{
+		"base/kustomization.yaml":     "resources:\n- web.yaml\ntransformers:\n- fn.yaml\n",
+		"base/web.yaml":               web.yaml(),
+		"base/fn.yaml":                execFunction,
+		"a/kustomization.yaml":        "namePrefix: a-\nresources:\n- ../base\n",
+		"b/kustomization.yaml":        "namePrefix: b-\nresources:\n- ../base\n",
+		"copies/kustomization.yaml":   "resources:\n- ../a\n- ../b\ntransformers:\n- fn.yaml\n",
+		"copies/fn.yaml":              execFunction,
+		"upper/kustomization.yaml":    "resources:\n- ../base\n- other.yaml\ntransformers:\n- fn.yaml\n",
+		"upper/other.yaml":            other.yaml(),
+		"upper/fn.yaml":               execFunction,
+		"prefixed/kustomization.yaml": "namePrefix: x-\nresources:\n- ../base/web.yaml\ntransformers:\n- ../base/fn.yaml\n",
+	}
+	root := t.TempDir()
+	for name, content := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := func(dir string) ([]byte, error) {
+		return tl.runErr(root, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "--load-restrictor", "LoadRestrictionsNone", dir)
+	}
+	out, err := build("prefixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range decodeObjects(t, out) {
+		if o.GetKind() == "DaemonSet" && (o.GetName() != "image-prefetcher-x-web" || o.GetAnnotations()["image-prefetcher.stackrox.io/rendered-for"] != "prefetch/x-web") {
+			t.Errorf("namePrefix of the function's own kustomization: DaemonSet %s rendered for %q, want the instance x-web", o.GetName(), o.GetAnnotations()["image-prefetcher.stackrox.io/rendered-for"])
+		}
+	}
+	for dir, want := range map[string]string{
+		"copies": "DaemonSet prefetch/a-image-prefetcher-web and DaemonSet prefetch/b-image-prefetcher-web are both what image-prefetcher-fn rendered for ImagePrefetcher prefetch/web, renamed after rendering",
+		"upper":  "ImagePrefetcher other/web has the name of ImagePrefetcher prefetch/web, which a lower layer rendered",
+	} {
+		if _, err := build(dir); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("kustomize build %s: %v, want a failure with %q", dir, err, want)
+		}
+	}
+}
