@@ -80,8 +80,7 @@ func (a *agent) initPins(runtime, version string, capacity func(context.Context)
 }
 
 // imageFsCapacity reads the capacity of the runtime's image filesystem.
-func imageFsCapacity(rt disk.Runtime) func(context.Context) (uint64, error) {
-	r := disk.Reader{Runtime: rt}
+func imageFsCapacity(r disk.Reader) func(context.Context) (uint64, error) {
 	return func(ctx context.Context) (uint64, error) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
