@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -461,14 +463,16 @@ func (p *Pinner) UnpinAll(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
+	// Several at a time: on uninstall this runs within the pod's grace
+	// period, and one by one 150 records took longer than it gave.
+	recs := slices.Collect(maps.Values(marked))
+	errs := make([]error, len(recs))
+	each(len(recs), func(i int) { errs[i] = p.unpin(ctx, recs[i]) })
 	n := 0
-	for _, rec := range marked {
-		if err := p.unpin(ctx, rec); err != nil {
-			errs = append(errs, err)
-			continue
+	for _, err := range errs {
+		if err == nil {
+			n++
 		}
-		n++
 	}
 	return n, errors.Join(errs...)
 }

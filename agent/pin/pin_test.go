@@ -3,8 +3,10 @@ package pin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -425,5 +427,37 @@ func TestBudgetPerNode(t *testing.T) {
 				t.Errorf("the node's pins take %d bytes, over the budget of %d", bytes, tt.budget)
 			}
 		})
+	}
+}
+
+// Uninstall (finding 4 of issue 38): 150 pinned images, at 10 ms per
+// containerd update, are all unmarked and unpinned within 2 s.
+func TestUnpinAllManyWithinDeadline(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	var list []pull.Result
+	for i := range 150 {
+		ref := fmt.Sprintf("docker.io/library/img%d:1", i)
+		s.add(fmt.Sprintf("d%d", i), 10, 10, ref)
+		list = append(list, present(ref))
+	}
+	p := newPinner(s, "ns", "inst", 1<<30)
+	if got := p.Sync(ctx, list); got.Images != 150 {
+		t.Fatalf("Sync pinned %d images, want 150: %+v", got.Images, got)
+	}
+	s.setLatency = 10 * time.Millisecond
+	uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if n, err := p.UnpinAll(uctx); err != nil || n != 150 {
+		t.Errorf("UnpinAll = %d, %v; want 150, nil", n, err)
+	}
+	left := 0
+	for _, l := range list {
+		if ls := s.labels(l.Ref); ls[MarkKey("ns", "inst")] != "" || ls[PinLabel] != "" {
+			left++
+		}
+	}
+	if left > 0 {
+		t.Errorf("%d of 150 records still carry the mark or the pin", left)
 	}
 }
