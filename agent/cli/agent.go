@@ -334,7 +334,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		a.cri = nil
 		return err
 	}
-	a.disk = &disk.Guard{Reader: disk.Reader{Runtime: c}, Ceiling: disk.Ceiling{Percent: f.diskCeilingPercent}, Log: log}
+	a.disk = &disk.Guard{Reader: disk.Reader{Runtime: c, Kubelet: a.kubeletImageFs(ctx)}, Ceiling: disk.Ceiling{Percent: f.diskCeilingPercent}, Log: log}
 	cfg := pull.Config{
 		Disk:                  a.disk,
 		Parallelism:           f.parallelism,
@@ -359,7 +359,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	}
 	cfg.Progress = progressOf(runtimeName, c)
 	a.puller = pull.New(statusBound{Runtime: c, timeout: f.statusTimeout}, cfg)
-	a.initPins(runtimeName, version, imageFsCapacity(c))
+	a.initPins(runtimeName, version, imageFsCapacity(a.disk.Reader))
 	return nil
 }
 

@@ -80,8 +80,7 @@ func (a *agent) initPins(runtime, version string, capacity func(context.Context)
 }
 
 // imageFsCapacity reads the capacity of the runtime's image filesystem.
-func imageFsCapacity(rt disk.Runtime) func(context.Context) (uint64, error) {
-	r := disk.Reader{Runtime: rt}
+func imageFsCapacity(r disk.Reader) func(context.Context) (uint64, error) {
 	return func(ctx context.Context) (uint64, error) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -127,15 +126,22 @@ func (a *agent) pinBehind(ctx context.Context, results []pull.Result) (pins *lab
 	return nil, func() { <-done }
 }
 
+// unpinFor is how long removing the pins may take on uninstall, after the
+// label: within the pod's default grace period of 30 s, which the rendered
+// DaemonSet keeps, less the label's budget and a margin. Nothing else
+// removes an uninstalled instance's pins, so they get all the time the
+// kubelet gives.
+const unpinFor = 20 * time.Second
+
 // unpinAll removes this instance's pins when it leaves the node, giving up
-// at deadline, or 2 s from now if that is later: the calls are local, and
-// the label, whose removal the deadline is for, went first. ctx is the
-// command's context, already done: only its values are kept.
+// at deadline, or unpinFor from now if that is later: the label, whose
+// removal the deadline is for, went first. ctx is the command's context,
+// already done: only its values are kept.
 func (a *agent) unpinAll(ctx context.Context, deadline time.Time) {
 	if a.pinner == nil || a.pinner.Unsupported != "" {
 		return
 	}
-	if soon := time.Now().Add(2 * time.Second); deadline.Before(soon) {
+	if soon := time.Now().Add(unpinFor); deadline.Before(soon) {
 		deadline = soon
 	}
 	uctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
@@ -31,7 +32,7 @@ func pinCell(s *label.Summary) string {
 	}
 	if p.Error != "" && p.BudgetBytes == 0 && p.Images == 0 {
 		// Nothing was counted (the budget is unknown, say): no figures.
-		return "error: " + p.Error
+		return "none: " + shortCause(p.Error)
 	}
 	cell := fmt.Sprintf("%d, %s of %s", p.Images, disk.Bytes(p.Bytes), disk.Bytes(p.BudgetBytes))
 	if n := len(p.NotPinned) + p.OmittedNotPinned; n > 0 {
@@ -41,7 +42,20 @@ func pinCell(s *label.Summary) string {
 		}
 	}
 	if p.Error != "" {
-		cell += ", error: " + p.Error
+		cell += ", error: " + shortCause(p.Error)
 	}
 	return cell
+}
+
+// shortCause is the first clause of an agent's message, for a table cell;
+// `status -o json` has the whole message.
+func shortCause(msg string) string {
+	const most = 48
+	if i := strings.Index(msg, ": "); i > 0 && len(msg) > most {
+		msg = msg[:i]
+	}
+	if r := []rune(msg); len(r) > most {
+		msg = string(r[:most-1]) + "…"
+	}
+	return msg
 }

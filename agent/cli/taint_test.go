@@ -76,12 +76,13 @@ func TestFetchRemovesStartupTaintOnceImagesPresent(t *testing.T) {
 	e.assertOthersUntouched()
 
 	// status shows the taint column, keyed by what the summary recorded,
-	// beside the pin column (the fake CRI is no runtime that can pin).
+	// beside the pin column (the fake CRI is no runtime that can pin) and
+	// the disk column (no kubelet, no mount: the ceiling holds nothing).
 	e.stdout = &syncBuffer{}
 	if code := e.run("status", "--instance="+testInstance, "-l", "kubernetes.io/hostname="+testNode); code != 0 {
 		t.Errorf("status exit %d:\n%s", code, e.stdout)
 	}
-	want := "NODE    INSTANCE  STATE      OWNER          STARTUP-TAINT  PRESENT  PINNED               FAILURES\nnode-a  demo      succeeded  prefetch/demo  absent         1/1      pinning unsupported  -\n"
+	want := "NODE    INSTANCE  STATE      OWNER          STARTUP-TAINT  PRESENT  PINNED               IMAGE-FS             FAILURES\nnode-a  demo      succeeded  prefetch/demo  absent         1/1      pinning unsupported  unknown: no ceiling  -\n"
 	if got := e.stdout.String(); got != want {
 		t.Errorf("status:\n%s\nwant:\n%s", got, want)
 	}

@@ -10,9 +10,10 @@
 // The ceiling stops pulling before that.
 //
 // The CRI says where the images are (ImageFsInfo) and how many bytes they
-// take, but not how large the filesystem is: statfs of the mountpoint
-// tells, as it tells the kubelet. In a pod, that path must be mounted from
-// the host at the same path (fn/render does, read-only).
+// take, but not how large the filesystem is. The kubelet's stats summary
+// tells (Reader.Kubelet), with the figures its GC and eviction use, on any
+// node layout; statfs of the mountpoint tells the same, fresher, when the
+// path is mounted from the host (spec.disk.imageFilesystem).
 package disk
 
 import (
@@ -74,9 +75,8 @@ func (u Usage) String() string {
 	return fmt.Sprintf("%s: %d%% used (%s of %s)", u.Mountpoint, u.Percent(), Bytes(u.UsedBytes()), Bytes(u.CapacityBytes))
 }
 
-// ErrCapacityUnknown is wrapped by Read and Stat when statfs of the
-// mountpoint failed: in a pod, the usual cause is that the image
-// filesystem is not mounted at its host path.
+// ErrCapacityUnknown is wrapped by Read and Stat when neither the kubelet
+// nor statfs of the mountpoint told the capacity.
 var ErrCapacityUnknown = errors.New("image filesystem capacity unknown")
 
 // Reader reads the image filesystem's usage.
@@ -85,6 +85,10 @@ type Reader struct {
 	// Statfs returns a filesystem's capacity and available bytes; statfs(2)
 	// when nil.
 	Statfs func(path string) (capacity, available uint64, err error)
+	// Kubelet returns the image filesystem's capacity and available bytes
+	// as the kubelet's stats summary has them; asked when statfs fails
+	// (the path is not mounted in the pod: the default). Nil: not asked.
+	Kubelet func(ctx context.Context) (capacity, available uint64, err error)
 }
 
 // Read asks the runtime where its images are and how many bytes they take
@@ -101,22 +105,30 @@ func (r Reader) Read(ctx context.Context) (Usage, error) {
 	if len(fss) == 0 || fss[0].Mountpoint == "" {
 		return Usage{}, fmt.Errorf("%w: the runtime reports no image filesystem mountpoint", ErrCapacityUnknown)
 	}
-	u, err := r.Stat(fss[0].Mountpoint)
+	u, err := r.Stat(ctx, fss[0].Mountpoint)
 	u.ImageBytes = fss[0].UsedBytes
 	return u, err
 }
 
 // Stat reads the capacity of a known mountpoint, without asking the
-// runtime: cheap enough to repeat often while pulling.
-func (r Reader) Stat(mountpoint string) (Usage, error) {
+// runtime: statfs when the path is mounted, else the kubelet's figures.
+func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 	statfs := r.Statfs
 	if statfs == nil {
 		statfs = Statfs
 	}
 	u := Usage{Mountpoint: mountpoint}
 	capacity, avail, err := statfs(mountpoint)
+	if err != nil && r.Kubelet != nil {
+		var kerr error
+		if capacity, avail, kerr = r.Kubelet(ctx); kerr != nil {
+			err = fmt.Errorf("%w; %w", kerr, err)
+		} else {
+			err = nil
+		}
+	}
 	if err != nil {
-		return u, fmt.Errorf("%w: %w (in a pod, the runtime's image filesystem must be mounted at %s: spec.disk.imageFilesystem)", ErrCapacityUnknown, err, mountpoint)
+		return u, fmt.Errorf("%w: %w (the sources: the kubelet's stats summary, or %s mounted from the host: spec.disk.imageFilesystem)", ErrCapacityUnknown, err, mountpoint)
 	}
 	if capacity == 0 {
 		return u, fmt.Errorf("%w: statfs %s reports a size of 0", ErrCapacityUnknown, mountpoint)

@@ -29,6 +29,7 @@ func TestRead(t *testing.T) {
 		name        string
 		rt          fakeRuntime
 		statfs      func(string) (uint64, uint64, error)
+		kubelet     func(context.Context) (uint64, uint64, error)
 		want        Usage
 		wantErr     string
 		wantUnknown bool
@@ -50,8 +51,34 @@ func TestRead(t *testing.T) {
 			rt:          fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp, UsedBytes: 7}}},
 			statfs:      statfsOf(0, 0, fs.ErrNotExist),
 			want:        Usage{Mountpoint: mp, ImageBytes: 7},
-			wantErr:     "must be mounted at " + mp,
+			wantErr:     mp + " mounted from the host",
 			wantUnknown: true,
+		},
+		{
+			name:    "not mounted: the kubelet's figures",
+			rt:      fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp, UsedBytes: 7}}},
+			statfs:  statfsOf(0, 0, fs.ErrNotExist),
+			kubelet: func(context.Context) (uint64, uint64, error) { return 96 * mib, 40 * mib, nil },
+			want:    Usage{Mountpoint: mp, ImageBytes: 7, CapacityBytes: 96 * mib, AvailableBytes: 40 * mib},
+		},
+		{
+			name:        "neither source: both causes",
+			rt:          fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp, UsedBytes: 7}}},
+			statfs:      statfsOf(0, 0, fs.ErrNotExist),
+			kubelet:     func(context.Context) (uint64, uint64, error) { return 0, 0, errors.New("kubelet stats: 403 Forbidden") },
+			want:        Usage{Mountpoint: mp, ImageBytes: 7},
+			wantErr:     "403 Forbidden; file does not exist",
+			wantUnknown: true,
+		},
+		{
+			name:   "mounted: statfs, fresher than the kubelet",
+			rt:     fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp}}},
+			statfs: statfsOf(100, 50, nil),
+			kubelet: func(context.Context) (uint64, uint64, error) {
+				t.Error("the kubelet is asked though statfs answered")
+				return 0, 0, nil
+			},
+			want: Usage{Mountpoint: mp, CapacityBytes: 100, AvailableBytes: 50},
 		},
 		{
 			name:        "size 0",
@@ -75,7 +102,7 @@ func TestRead(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Reader{Runtime: tt.rt, Statfs: tt.statfs}.Read(context.Background())
+			got, err := Reader{Runtime: tt.rt, Statfs: tt.statfs, Kubelet: tt.kubelet}.Read(context.Background())
 			if got != tt.want {
 				t.Errorf("Read() = %+v, want %+v", got, tt.want)
 			}

@@ -36,7 +36,7 @@ func (g *Guard) Usage(ctx context.Context) (Usage, error) {
 	mp := g.mountpoint
 	g.mu.Unlock()
 	if mp != "" {
-		return g.Reader.Stat(mp)
+		return g.Reader.Stat(ctx, mp)
 	}
 	u, err := g.Reader.Read(ctx)
 	if u.Mountpoint != "" {
@@ -108,7 +108,7 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 			return
 		case <-t.C:
 		}
-		u, err := g.Reader.Stat(mp)
+		u, err := g.Reader.Stat(ctx, mp)
 		if err != nil {
 			// Gone from under the agent (a runtime restarting with a
 			// wiped root): the next look, or the runtime, tells.

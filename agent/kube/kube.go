@@ -99,6 +99,8 @@ type Client struct {
 	core         rest.Interface
 	coordination rest.Interface
 	apps         rest.Interface
+	// cfg is kept for the kubelet stats reader (stats.go).
+	cfg *rest.Config
 }
 
 var (
@@ -128,7 +130,7 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: core, coordination: coord, apps: apps}, nil
+	return &Client{core: core, coordination: coord, apps: apps, cfg: cfg}, nil
 }
 
 func restClient(base *rest.Config, hc *http.Client, apiPath string, gv schema.GroupVersion, protobuf bool) (*rest.RESTClient, error) {

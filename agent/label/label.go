@@ -145,6 +145,9 @@ type Disk struct {
 	UsedBytes      uint64 `json:"usedBytes"`
 	CapacityBytes  uint64 `json:"capacityBytes"`
 	CeilingPercent int    `json:"ceilingPercent"`
+	// Unknown says why the capacity is unknown: the ceiling then holds
+	// nothing back, and only the runtime's out-of-space error stops pulls.
+	Unknown string `json:"unknown,omitempty"`
 }
 
 // Percent is how full the filesystem is, as the kubelet computes it.
@@ -167,7 +170,7 @@ func sameDisk(a, b *Disk) bool {
 		return a == b
 	}
 	pa, pb := a.Percent(), b.Percent()
-	return a.CeilingPercent == b.CeilingPercent && (pa >= a.CeilingPercent) == (pb >= b.CeilingPercent) &&
+	return a.Unknown == b.Unknown && a.CeilingPercent == b.CeilingPercent && (pa >= a.CeilingPercent) == (pb >= b.CeilingPercent) &&
 		pa-pb < diskDriftPoints && pb-pa < diskDriftPoints
 }
 
@@ -464,3 +467,6 @@ func Retryable(err error) bool {
 	}
 	return true
 }
+
+// Truncate cuts a message to what the annotation keeps of one.
+func Truncate(s string) string { return truncate(s, maxMessage) }

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -23,7 +24,10 @@ type fakeStore struct {
 	calls    int
 	failList error
 	// beforeSet, when set, runs before each SetLabels, outside the lock.
-	beforeSet      func(name string, labels map[string]string)
+	beforeSet func(name string, labels map[string]string)
+	// setLatency is how long each SetLabels takes, as containerd's
+	// update does on a busy node; it gives up when ctx ends.
+	setLatency     time.Duration
 	criIgnoresPins bool
 }
 
@@ -103,9 +107,18 @@ func (s *fakeStore) Get(_ context.Context, name string) (Record, error) {
 	return clone(r), nil
 }
 
-func (s *fakeStore) SetLabels(_ context.Context, rec Record, labels map[string]string) (Record, error) {
+func (s *fakeStore) SetLabels(ctx context.Context, rec Record, labels map[string]string) (Record, error) {
 	if s.beforeSet != nil {
 		s.beforeSet(rec.Name, labels)
+	}
+	if s.setLatency > 0 {
+		t := time.NewTimer(s.setLatency)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Record{}, ctx.Err()
+		case <-t.C:
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

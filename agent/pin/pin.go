@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -122,6 +124,7 @@ type Pinner struct {
 	// sizes caches what each image takes on disk, by record target: an
 	// image never changes.
 	sizes map[string]imageSize
+	mu    sync.Mutex // guards sizes
 	// cleaned is set once the marks of an instance that cannot pin have
 	// been removed.
 	cleaned bool
@@ -164,12 +167,12 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		p.log().Warn("not pinning: the pin budget is unknown; the pins stay as they were", "err", err)
 		return &label.Pins{Error: fmt.Sprintf("the pin budget is unknown: %v", err)}
 	}
-	marked, err := p.marked(ctx)
+	all, marked, others, err := p.nodePins(ctx)
 	if err != nil {
 		if errors.Is(err, ErrUnsupported) {
 			return p.unsupported(ctx, fmt.Sprintf("the runtime serves no containerd images API (%v)", err))
 		}
-		p.log().Warn("not pinning: listing this instance's pins failed; they stay as they were", "err", err)
+		p.log().Warn("not pinning: listing the node's pins failed; they stay as they were", "err", err)
 		return &label.Pins{BudgetBytes: budget, Error: err.Error()}
 	}
 	out := &label.Pins{BudgetBytes: budget}
@@ -194,28 +197,40 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		it.rec, it.marked = marked[name]
 		items = append(items, it)
 	}
-	p.lookUp(ctx, items)
-	// In list order, each image that fits what is left of the budget; an
-	// image under two references counts once.
+	p.lookUp(ctx, all, items)
+	// The budget is the node's: what other instances pinned counts first,
+	// then this instance's pins already set (so that a second instance
+	// never undoes the first one's), then new ones, each group in list
+	// order, while they fit. An image under two references, or pinned by
+	// two instances, counts once.
 	var toPin []*item
 	var planned uint64
 	counted := map[string]bool{}
-	for _, it := range items {
-		if it.err != nil {
-			keep[it.name] = keep[it.name] || it.marked
-			p.skip(out, it.r, ReasonPinFailed, it.err.Error())
-			continue
-		}
-		if !counted[it.sz.id] {
-			if planned+it.sz.bytes > budget {
-				p.skip(out, it.r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the pin budget of %s is left", disk.Bytes(it.sz.bytes), disk.Bytes(budget-planned), disk.Bytes(budget)))
+	for id, n := range others {
+		planned += n
+		counted[id] = true
+	}
+	for _, group := range []bool{true, false} {
+		for _, it := range items {
+			if it.marked != group {
 				continue
 			}
-			planned += it.sz.bytes
-			counted[it.sz.id] = true
+			if it.err != nil {
+				keep[it.name] = keep[it.name] || it.marked
+				p.skip(out, it.r, ReasonPinFailed, it.err.Error())
+				continue
+			}
+			if !counted[it.sz.id] {
+				if planned+it.sz.bytes > budget {
+					p.skip(out, it.r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the node's pin budget of %s is left", disk.Bytes(it.sz.bytes), disk.Bytes(budget-min(planned, budget)), disk.Bytes(budget)))
+					continue
+				}
+				planned += it.sz.bytes
+				counted[it.sz.id] = true
+			}
+			keep[it.name] = true
+			toPin = append(toPin, it)
 		}
-		keep[it.name] = true
-		toPin = append(toPin, it)
 	}
 	each(len(toPin), func(i int) { toPin[i].err = p.pin(ctx, toPin[i].rec) })
 	var firstPinned pull.Result
@@ -273,60 +288,86 @@ type item struct {
 	err    error
 }
 
+// nodePins lists every image record (one call), and returns them by name,
+// those this instance marked by name, and the bytes of each image that
+// carries another instance's mark, by image ID. An image whose size cannot
+// be read is left out: it went meanwhile.
+func (p *Pinner) nodePins(ctx context.Context) (all, mine map[string]Record, others map[string]uint64, err error) {
+	list, err := p.Store.List(ctx, "")
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("list image records: %w", err)
+	}
+	all = make(map[string]Record, len(list))
+	mine = map[string]Record{}
+	var theirs []Record
+	for _, r := range list {
+		all[r.Name] = r
+		if r.Labels[p.mark()] != "" {
+			mine[r.Name] = r
+		}
+		for k, v := range r.Labels {
+			if k != p.mark() && strings.HasPrefix(k, MarkPrefix) && v != "" {
+				theirs = append(theirs, r)
+				break
+			}
+		}
+	}
+	sizes := make([]imageSize, len(theirs))
+	errs := make([]error, len(theirs))
+	each(len(theirs), func(i int) { sizes[i], errs[i] = p.sizeOf(ctx, theirs[i]) })
+	others = map[string]uint64{}
+	for i, sz := range sizes {
+		if errs[i] != nil {
+			p.log().Debug("the size of another instance's pin is unknown", "record", theirs[i].Name, "err", errs[i])
+			continue
+		}
+		others[sz.id] = sz.bytes
+	}
+	return all, mine, others, nil
+}
+
+// sizeOf is size, cached by the record's target: an image never changes.
+func (p *Pinner) sizeOf(ctx context.Context, r Record) (imageSize, error) {
+	p.mu.Lock()
+	sz, ok := p.sizes[r.Target.Digest]
+	p.mu.Unlock()
+	if ok {
+		return sz, nil
+	}
+	sz, err := p.size(ctx, r.Name)
+	if err != nil {
+		return sz, err
+	}
+	p.mu.Lock()
+	if p.sizes == nil {
+		p.sizes = map[string]imageSize{}
+	}
+	p.sizes[r.Target.Digest] = sz
+	p.mu.Unlock()
+	return sz, nil
+}
+
 // lookUp finds the record and the size of each item, setting err where it
-// cannot. The records this instance has not marked come from one listing
-// of every record.
-func (p *Pinner) lookUp(ctx context.Context, items []*item) {
-	var all map[string]Record
+// cannot. all holds every record by name.
+func (p *Pinner) lookUp(ctx context.Context, all map[string]Record, items []*item) {
 	for _, it := range items {
 		if it.marked {
 			continue
-		}
-		if all == nil {
-			list, err := p.Store.List(ctx, "")
-			if err != nil {
-				for _, it := range items {
-					if !it.marked {
-						it.err = fmt.Errorf("list image records: %w", err)
-					}
-				}
-				break
-			}
-			all = make(map[string]Record, len(list))
-			for _, r := range list {
-				all[r.Name] = r
-			}
 		}
 		var ok bool
 		if it.rec, ok = all[it.name]; !ok {
 			it.err = fmt.Errorf("no image record %s", it.name)
 		}
 	}
-	var need []*item
-	for _, it := range items {
+	each(len(items), func(i int) {
+		it := items[i]
 		if it.err != nil {
-			continue
+			return
 		}
-		if sz, ok := p.sizes[it.rec.Target.Digest]; ok {
-			it.sz = sz
-			continue
-		}
-		need = append(need, it)
-	}
-	each(len(need), func(i int) {
-		it := need[i]
-		if it.sz, it.err = p.size(ctx, it.r.Ref); it.err != nil {
+		if it.sz, it.err = p.sizeOf(ctx, Record{Name: it.r.Ref, Target: it.rec.Target}); it.err != nil {
 			it.err = fmt.Errorf("size on disk unknown: %w", it.err)
 		}
 	})
-	if p.sizes == nil {
-		p.sizes = map[string]imageSize{}
-	}
-	for _, it := range need {
-		if it.err == nil {
-			p.sizes[it.rec.Target.Digest] = it.sz
-		}
-	}
 }
 
 // parallelism bounds the calls to containerd one check makes at once.
@@ -422,14 +463,16 @@ func (p *Pinner) UnpinAll(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
+	// Several at a time: on uninstall this runs within the pod's grace
+	// period, and one by one 150 records took longer than it gave.
+	recs := slices.Collect(maps.Values(marked))
+	errs := make([]error, len(recs))
+	each(len(recs), func(i int) { errs[i] = p.unpin(ctx, recs[i]) })
 	n := 0
-	for _, rec := range marked {
-		if err := p.unpin(ctx, rec); err != nil {
-			errs = append(errs, err)
-			continue
+	for _, err := range errs {
+		if err == nil {
+			n++
 		}
-		n++
 	}
 	return n, errors.Join(errs...)
 }

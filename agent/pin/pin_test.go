@@ -3,8 +3,10 @@ package pin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -357,5 +359,105 @@ func TestCheck(t *testing.T) {
 		if want := tt.version == "devel"; verify != want {
 			t.Errorf("Check(%q, %q) verify = %v, want %v", tt.runtime, tt.version, verify, want)
 		}
+	}
+}
+
+// The budget is the node's (finding 6 of issue 38): a second instance
+// counts the first one's pins, pins only what still fits, and never undoes
+// the first one's pins; the first, at its next check, keeps them.
+func TestBudgetPerNode(t *testing.T) {
+	tests := []struct {
+		name             string
+		budget           uint64
+		oneList, twoList []string
+		wantPinned       []string
+		wantNotPinned    string // the second instance's
+	}{
+		{name: "the second's image does not fit beside the first's", budget: 550,
+			oneList: []string{refA, refC}, twoList: []string{refB, refC},
+			wantPinned: []string{refA, refC}, wantNotPinned: refB + ":OverBudget"},
+		{name: "an image both pin counts once", budget: 550,
+			oneList: []string{refA}, twoList: []string{refA, refC},
+			wantPinned: []string{refA, refC}},
+		{name: "room for both", budget: 1000,
+			oneList: []string{refA, refC}, twoList: []string{refB},
+			wantPinned: []string{refA, refB, refC}},
+	}
+	results := func(refs []string) []pull.Result {
+		var out []pull.Result
+		for _, r := range refs {
+			out = append(out, present(r))
+		}
+		return out
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newFakeStore()
+			s.add("dA", 100, 200, refA) // 300 on disk
+			s.add("dB", 200, 300, refB) // 500
+			s.add("dC", 40, 60, refC)   // 100
+			one, two := newPinner(s, "ns", "one", tt.budget), newPinner(s, "ns", "two", tt.budget)
+			one.Sync(ctx, results(tt.oneList))
+			firsts := pinnedNames(s)
+			got := two.Sync(ctx, results(tt.twoList))
+			if n := notPinned(got); n != tt.wantNotPinned {
+				t.Errorf("the second's not pinned = %q, want %q", n, tt.wantNotPinned)
+			}
+			for range 2 {
+				one.Sync(ctx, results(tt.oneList))
+				two.Sync(ctx, results(tt.twoList))
+			}
+			pinned := pinnedNames(s)
+			if strings.Join(pinned, ",") != strings.Join(tt.wantPinned, ",") {
+				t.Errorf("pinned = %v, want %v", pinned, tt.wantPinned)
+			}
+			for _, f := range firsts {
+				if s.labels(f)[MarkKey("ns", "one")] == "" {
+					t.Errorf("the first instance's pin on %s was undone", f)
+				}
+			}
+			var bytes uint64
+			for _, n := range pinned {
+				info, _ := s.ImageStatus(ctx, n)
+				unpacked, _ := s.Unpacked(ctx, info.ID)
+				bytes += info.Size + unpacked
+			}
+			if bytes > tt.budget {
+				t.Errorf("the node's pins take %d bytes, over the budget of %d", bytes, tt.budget)
+			}
+		})
+	}
+}
+
+// Uninstall (finding 4 of issue 38): 150 pinned images, at 10 ms per
+// containerd update, are all unmarked and unpinned within 2 s.
+func TestUnpinAllManyWithinDeadline(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	var list []pull.Result
+	for i := range 150 {
+		ref := fmt.Sprintf("docker.io/library/img%d:1", i)
+		s.add(fmt.Sprintf("d%d", i), 10, 10, ref)
+		list = append(list, present(ref))
+	}
+	p := newPinner(s, "ns", "inst", 1<<30)
+	if got := p.Sync(ctx, list); got.Images != 150 {
+		t.Fatalf("Sync pinned %d images, want 150: %+v", got.Images, got)
+	}
+	s.setLatency = 10 * time.Millisecond
+	uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if n, err := p.UnpinAll(uctx); err != nil || n != 150 {
+		t.Errorf("UnpinAll = %d, %v; want 150, nil", n, err)
+	}
+	left := 0
+	for _, l := range list {
+		if ls := s.labels(l.Ref); ls[MarkKey("ns", "inst")] != "" || ls[PinLabel] != "" {
+			left++
+		}
+	}
+	if left > 0 {
+		t.Errorf("%d of 150 records still carry the mark or the pin", left)
 	}
 }

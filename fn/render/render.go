@@ -165,30 +165,32 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: n.Namespaced, Namespace: c.Namespace}
 
 	objs := []any{&corev1.ServiceAccount{TypeMeta: typ("v1", "ServiceAccount"), ObjectMeta: meta(n.Namespaced, true)}}
-	// The agent touches Nodes only to label them: with labeling off it gets
-	// no cluster-scoped grant at all, and needs no policy narrowing one.
-	if c.NodeLabel {
-		objs = append(objs,
-			&rbacv1.ClusterRole{
-				TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-				ObjectMeta: meta(n.Cluster, false),
-				Rules: []rbacv1.PolicyRule{
-					// Nodes cannot be narrowed by name here (the DaemonSet's
-					// node set is dynamic); the admission policy narrows each
-					// patch to the agent's own node and its own label and
-					// annotation.
-					{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
-					// The mark the admission policy matches; see MarkerResource.
-					{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{c.instance().Marker()}, Verbs: []string{MarkerVerb}},
-				},
-			},
-			&rbacv1.ClusterRoleBinding{
-				TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-				ObjectMeta: meta(n.Cluster, false),
-				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: n.Cluster},
-				Subjects:   []rbacv1.Subject{sa},
-			})
+	// Nodes cannot be narrowed by name here (the DaemonSet's node set is
+	// dynamic). get nodes finds the agent's kubelet; get nodes/stats reads
+	// the image filesystem's figures from it (docs/security.md), nothing
+	// else of the kubelet's. The patch is narrowed by the admission policy
+	// to the agent's own node and its own label and annotation.
+	nodeRules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes/stats"}, Verbs: []string{"get"}},
 	}
+	if c.NodeLabel {
+		nodeRules[0].Verbs = []string{"get", "patch"}
+		// The mark the admission policy matches; see MarkerResource.
+		nodeRules = append(nodeRules, rbacv1.PolicyRule{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{c.instance().Marker()}, Verbs: []string{MarkerVerb}})
+	}
+	objs = append(objs,
+		&rbacv1.ClusterRole{
+			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+			ObjectMeta: meta(n.Cluster, false),
+			Rules:      nodeRules,
+		},
+		&rbacv1.ClusterRoleBinding{
+			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+			ObjectMeta: meta(n.Cluster, false),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: n.Cluster},
+			Subjects:   []rbacv1.Subject{sa},
+		})
 	objs = append(objs,
 		&rbacv1.Role{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
@@ -378,12 +380,15 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 			corev1.Volume{Name: volCPConfig, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cp.ConfigPath, Type: &fileType}}},
 			corev1.Volume{Name: volCPBin, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: cp.BinDir, Type: &dirType}}})
 	}
-	// statfs of the runtime's image directory is the only way to its
-	// capacity (agent/disk); at the host's path, because that is the path
-	// the runtime reports. DirectoryOrCreate: a node whose runtime keeps
-	// its images elsewhere still starts the agent (docs/security.md).
-	mounts = append(mounts, corev1.VolumeMount{Name: volImageFS, MountPath: c.ImageFilesystem, ReadOnly: true})
-	volumes = append(volumes, corev1.Volume{Name: volImageFS, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.ImageFilesystem, Type: &dirOrCreate}}})
+	// Only when asked: the kubelet's stats give the figures by default;
+	// statfs of a mounted path gives them fresher (agent/disk). At the
+	// host's path, because that is the path the runtime reports.
+	// DirectoryOrCreate: a node whose runtime keeps its images elsewhere
+	// still starts the agent (docs/security.md).
+	if c.ImageFilesystem != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: volImageFS, MountPath: c.ImageFilesystem, ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: volImageFS, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.ImageFilesystem, Type: &dirOrCreate}}})
+	}
 	// The root filesystem is read-only; this is the only writable place.
 	mounts = append(mounts, corev1.VolumeMount{Name: volTmp, MountPath: "/tmp"})
 	volumes = append(volumes, corev1.Volume{Name: volTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})

@@ -454,10 +454,6 @@ func (c *Config) checkDisk(d v1alpha1.Disk) Problems {
 			p = append(p, errorf("spec.disk.ceilingPercent", "must be between 1 and 100, got %d: it is how full, in percent, the image filesystem may get from pulling (the kubelet's image GC starts at 85%% by default)", c.DiskCeilingPercent))
 		}
 	}
-	c.ImageFilesystem = v1alpha1.DefaultContainerdImageFilesystem
-	if c.Runtime == v1alpha1.RuntimeCRIO {
-		c.ImageFilesystem = v1alpha1.DefaultCRIOImageFilesystem
-	}
 	if f := d.ImageFilesystem; f != "" {
 		c.ImageFilesystem = f
 		switch {
@@ -466,7 +462,7 @@ func (c *Config) checkDisk(d v1alpha1.Disk) Problems {
 		case path.Clean(f) != f:
 			p = append(p, errorf("spec.disk.imageFilesystem", "%q must be a clean path (no '..', '//' or trailing '/')", f))
 		case f == "/":
-			p = append(p, errorf("spec.disk.imageFilesystem", "must not be '/': name the runtime's image directory, the mountpoint its ImageFsInfo reports (such as %s), or its root", v1alpha1.DefaultContainerdImageFilesystem))
+			p = append(p, errorf("spec.disk.imageFilesystem", "must not be '/': name the runtime's image directory, the mountpoint its ImageFsInfo reports (such as /var/lib/containerd/io.containerd.snapshotter.v1.overlayfs), or its root"))
 		}
 	}
 	return p

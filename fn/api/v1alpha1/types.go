@@ -79,8 +79,9 @@ type Disk struct {
 	CeilingPercent *int32 `json:"ceilingPercent,omitempty"`
 	// ImageFilesystem is the host directory where the runtime keeps its
 	// images (the mountpoint its ImageFsInfo reports), or a directory
-	// above it; it is mounted read-only, at the same path, so that the
-	// agent can read the filesystem's capacity.
+	// above it; when set, it is mounted read-only, at the same path, and
+	// statfs of it is read before the kubelet's stats summary. Unset (the
+	// default), nothing is mounted.
 	ImageFilesystem string `json:"imageFilesystem,omitempty"`
 }
 
@@ -90,13 +91,6 @@ type Disk struct {
 // below 15%) on its own, and a pull that goes past the ceiling before it
 // is stopped has 5 points of room.
 const DefaultDiskCeilingPercent int32 = 80
-
-// Default image filesystems: the mountpoints the runtimes' ImageFsInfo
-// reports with their default root and storage driver.
-const (
-	DefaultContainerdImageFilesystem = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs"
-	DefaultCRIOImageFilesystem       = "/var/lib/containers/storage/overlay-images"
-)
 
 // Metrics switches on the agent's Prometheus endpoint and the monitoring
 // objects that go with it. docs/monitoring.md describes the metrics and the
