@@ -93,6 +93,11 @@ type Options struct {
 	// mount namespace: a small image filesystem of the node's own, which
 	// the kubelet's image GC and eviction see as the imagefs.
 	ImageStoreBytes int64
+	// KubeletAuth makes the kubelets authenticate and authorize requests
+	// through the apiserver (webhook), as kubeadm's do, and serve a
+	// certificate the cluster CA signed for their IP, as with
+	// serverTLSBootstrap (kubeletauth.go).
+	KubeletAuth bool
 	// BaseDir holds one directory per run. Default $IMAGE_PREFETCHER_E2E_DIR
 	// or /tmp/ipf-e2e.
 	BaseDir string
@@ -315,6 +320,9 @@ func (c *Cluster) writeControlPlaneFiles() error {
 		return err
 	}
 	c.pki = p
+	if err := c.writeKubeletClientCert(); err != nil {
+		return err
+	}
 	users := [][2]string{
 		{"admin", "system:masters"},
 		{"system:kube-controller-manager", ""},
@@ -395,7 +403,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 }
 
 func (c *Cluster) apiServerArgs() []string {
-	return c.inNS(c.kubeBin("kube-apiserver"),
+	return append(c.inNS(c.kubeBin("kube-apiserver"),
 		"--etcd-servers=http://127.0.0.1:2379",
 		"--bind-address=0.0.0.0",
 		"--secure-port="+apiPort,
@@ -415,7 +423,7 @@ func (c *Cluster) apiServerArgs() []string {
 		"--kubelet-preferred-address-types=InternalIP",
 		"--profiling=false",
 		"-v=1",
-	)
+	), c.apiServerKubeletArgs()...)
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {

@@ -236,7 +236,14 @@ func (n *Node) prepare(ctx context.Context) error {
 		n.runcPath = p
 	}
 	cfgName, cfg := n.runtimeConfig()
-	kubelet, err := withFields(n.kubeletConfig(), n.c.opts.KubeletConfig)
+	auth, err := n.kubeletAuth()
+	if err != nil {
+		return err
+	}
+	kubelet, err := withFields(n.kubeletConfig(), auth)
+	if err == nil {
+		kubelet, err = withFields(kubelet, n.c.opts.KubeletConfig)
+	}
 	if err == nil && n.c.opts.NodeKubeletConfig != nil {
 		kubelet, err = withFields(kubelet, n.c.opts.NodeKubeletConfig(n.Index))
 	}

@@ -20,6 +20,9 @@ import (
 type pki struct {
 	CACert, APICert, APIKey, SAKey, SAPub string
 	CAPEM                                 []byte
+	// The CA, kept to sign kubelet certificates (kubeletauth.go).
+	ca    *x509.Certificate
+	caKey *ecdsa.PrivateKey
 }
 
 func writePKI(dir string, ips []net.IP, names []string) (*pki, error) {
@@ -77,6 +80,8 @@ func writePKI(dir string, ips []net.IP, names []string) (*pki, error) {
 		SAKey:   filepath.Join(dir, "sa.key"),
 		SAPub:   filepath.Join(dir, "sa.pub"),
 		CAPEM:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		ca:      ca,
+		caKey:   caKey,
 	}
 	srvKeyDER, err := x509.MarshalECPrivateKey(srvKey)
 	if err != nil {

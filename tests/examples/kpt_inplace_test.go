@@ -72,12 +72,9 @@ func (i intent) outputFile() string {
 // function.
 func (i intent) objects() []string {
 	ns, n := i.namespace+"/image-prefetcher-"+i.name, "image-prefetcher."+i.namespace+"."+i.name
-	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns + ".images", "DaemonSet " + ns}
-	if i.nodeLabel {
-		objs = append(objs, "ClusterRole "+n, "ClusterRoleBinding "+n)
-		if i.admission {
-			objs = append(objs, "ValidatingAdmissionPolicy "+n, "ValidatingAdmissionPolicyBinding "+n)
-		}
+	objs := []string{"ServiceAccount " + ns, "Role " + ns, "RoleBinding " + ns, "ConfigMap " + ns + ".images", "DaemonSet " + ns, "ClusterRole " + n, "ClusterRoleBinding " + n}
+	if i.nodeLabel && i.admission {
+		objs = append(objs, "ValidatingAdmissionPolicy "+n, "ValidatingAdmissionPolicyBinding "+n)
 	}
 	if i.flavor == "ocp" {
 		objs = append(objs, "SecurityContextConstraints "+n, "Role "+ns+".scc", "RoleBinding "+ns+".scc")
