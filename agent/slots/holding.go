@@ -161,7 +161,7 @@ func (g *Gate) markSeeded(ctx context.Context) error {
 		}
 		secs := int32(g.cfg.LeaseDuration / time.Second)
 		_, err = g.create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(0),
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(),
 				Annotations: map[string]string{SeededAnnotation: value}},
 			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
 		})

@@ -27,7 +27,6 @@ func TestNewValidates(t *testing.T) {
 		{"zero slots", func(c *Config) { c.Slots = 0 }, "at least 1"},
 		{"no identity", func(c *Config) { c.Identity = "" }, "POD_NAME"},
 		{"negative seeds", func(c *Config) { c.SeedNodes = -1 }, "seed"},
-		{"negative herd", func(c *Config) { c.Herd = -1 }, "herd"},
 		{"negative duration", func(c *Config) { c.ReleaseGrace = -time.Second }, "negative"},
 	}
 	for _, tt := range tests {
