@@ -354,7 +354,7 @@ func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]
 	for p := 0; p*per < cfg.Nodes; p++ {
 		spec := agentsSpec{
 			Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
-			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, Herd: cfg.Nodes, LostAnswers: cfg.LostAnswers,
+			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, LostAnswers: cfg.LostAnswers,
 			Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
 		}
 		for i := p * per; i < min((p+1)*per, cfg.Nodes); i++ {
