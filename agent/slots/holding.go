@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 var errNotHolder = errors.New("the Lease names another holder:") // someone else holds it now
@@ -85,9 +86,9 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 	}
 }
 
-// Release gives the slot back: a seed whose pull ended records that it
-// has finished (one whose slot was lost or whose run was terminated has
-// not), then the holder is cleared. Once Hold's context has ended, it
+// Release gives the slot back: the holder is cleared, and a seed whose
+// pull ended records on the slot that it has finished (one whose slot was
+// lost or whose run was terminated has not). Once Hold's context has ended, it
 // takes at most Config.ReleaseGrace, even if it began before. Failures are
 // logged: the slot frees itself after the lease duration. It may be called
 // more than once.
@@ -105,31 +106,29 @@ func (h *Holding) Release() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.CallTimeout)
 		defer cancel()
 		defer context.AfterFunc(h.ctx, func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) })()
-		switch {
-		case h.seed && (lost || h.ctx.Err() != nil):
+		// A seed whose pull ended records it on its slot in the release.
+		seeded := h.seed && !lost && h.ctx.Err() == nil
+		if h.seed && !seeded {
 			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished", "slot", h.Name(), "lost", lost)
-		case h.seed:
-			if err := g.markSeeded(ctx); err != nil {
-				g.log.Error("could not record that this seed node finished; other nodes wait for another seed",
-					"slot", SlotName(g.cfg.Instance, 0), "err", err)
-			} else {
-				g.log.Info("recorded that a seed node finished", "slot", SlotName(g.cfg.Instance, 0))
-			}
 		}
-		if err := h.clear(ctx); err != nil {
+		if err := h.clear(ctx, seeded); err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",
-				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "err", err)
+				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "seeded", seeded, "err", err)
 			return
 		}
-		g.log.Info("released pull slot", "slot", h.Name())
+		g.log.Info("released pull slot", "slot", h.Name(), "seeded", seeded)
 	})
 }
 
-// clear empties holderIdentity if we still hold it, and keeps the Lease.
-func (h *Holding) clear(ctx context.Context) error {
+// clear empties holderIdentity if we still hold it, and keeps the Lease;
+// seeded sets SeededAnnotation to Config.SeedKey.
+func (h *Holding) clear(ctx context.Context, seeded bool) error {
 	_, err := h.g.rewrite(ctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 		if holder(l) != h.id {
 			return false, nil // taken after it expired: nothing of ours to clear
+		}
+		if seeded {
+			l.Annotations = labels.Merge(l.Annotations, map[string]string{SeededAnnotation: h.g.cfg.SeedKey})
 		}
 		now := metav1.NewMicroTime(h.g.now())
 		l.Spec.HolderIdentity, l.Spec.AcquireTime, l.Spec.RenewTime = nil, nil, &now
@@ -139,36 +138,6 @@ func (h *Holding) clear(ctx context.Context) error {
 		return nil
 	}
 	return err
-}
-
-// markSeeded sets SeededAnnotation on slot 0, creating that Lease without
-// a holder if it does not exist yet.
-func (g *Gate) markSeeded(ctx context.Context) error {
-	name, value := SlotName(g.cfg.Instance, 0), g.cfg.SeedKey
-	for {
-		_, err := g.rewrite(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(l *coordinationv1.Lease) (bool, error) {
-			if seededBy(l, value) {
-				return false, nil
-			}
-			if l.Annotations == nil {
-				l.Annotations = map[string]string{}
-			}
-			l.Annotations[SeededAnnotation] = value
-			return true, nil
-		})
-		if !apierrors.IsNotFound(err) {
-			return err
-		}
-		secs := int32(g.cfg.LeaseDuration / time.Second)
-		_, err = g.create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(),
-				Annotations: map[string]string{SeededAnnotation: value}},
-			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
-		})
-		if err == nil || !apierrors.IsAlreadyExists(err) {
-			return err
-		}
-	}
 }
 
 // rewrite writes change applied to a copy of cur (read first when it has

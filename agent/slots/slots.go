@@ -10,7 +10,8 @@
 // holder look dead. Waiting is in wait.go.
 //
 // Seed mode: until a seed has finished, only slots 0..N-1 may be taken. A
-// seed that finishes records it on slot 0 (SeededAnnotation).
+// seed that finishes records it on its slot (SeededAnnotation) as it
+// releases it; any waiting node may take a seed slot.
 package slots
 
 import (
@@ -40,7 +41,7 @@ const (
 	// DefaultReleaseGrace bounds a release once the pod is terminating.
 	DefaultReleaseGrace = 5 * time.Second
 
-	// SeededAnnotation on slot 0 says that a seed has finished; its value
+	// SeededAnnotation on a slot says that a seed has finished; its value
 	// is that seed's Config.SeedKey.
 	SeededAnnotation = v1alpha1.LabelDomain + "/seeded"
 

@@ -25,9 +25,9 @@ import (
 // briefly; a failed write backs off, 1 s doubling to 30 s. An ended watch
 // is resumed from the last version seen, as client-go's reflector does; a
 // 410 Gone or a watch that ends at once with nothing in it lists again,
-// never sooner than a second after the last list, and a waiter lists
-// again 5-10 min after a list, lest a watch that stopped delivering keep
-// it waiting.
+// never sooner than a second after the last list. Each watch asks the
+// apiserver to end it after 5-10 min, lest one that stopped delivering
+// keep the waiter waiting.
 const (
 	window     = 2 * time.Second // the random delay before a take is drawn within it
 	minRetry   = time.Second     // the pauses after a failed API call
@@ -61,9 +61,9 @@ type waiter struct {
 	refusedSince time.Time
 	loggedWait   bool
 	// rv: the last version seen, where a watch resumes ("" after a 410
-	// Gone: list again); listedAt: the last list; relistAt: the next.
-	rv                 string
-	listedAt, relistAt time.Time
+	// Gone: list again); listedAt: the last list.
+	rv       string
+	listedAt time.Time
 }
 
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
@@ -96,8 +96,8 @@ func (w *waiter) wait() (*Holding, error) {
 			if h != nil || err != nil {
 				return h, err
 			}
-			if w.rv == "" || !g.now().Before(w.relistAt) || g.now().Sub(started) < time.Second && w.rv == seen {
-				break // gone, the slow resync, or ended at once with nothing in it: list again
+			if w.rv == "" || g.now().Sub(started) < time.Second && w.rv == seen {
+				break // gone, or ended at once with nothing in it: list again
 			}
 			stream, err = w.watch()
 		}
@@ -158,13 +158,13 @@ func (w *waiter) list() (watch.Interface, error) {
 		}
 		w.leases[l.Name] = l
 	}
-	w.rv, w.relistAt = list.ResourceVersion, now.Add(resync+mrand.N(resync+1))
+	w.rv = list.ResourceVersion
 	return w.watch()
 }
 
-// watch follows the slots from the last version seen until relistAt.
+// watch follows the slots from the last version seen.
 func (w *waiter) watch() (watch.Interface, error) {
-	secs := max(int64(w.relistAt.Sub(w.g.now())/time.Second), 1)
+	secs := int64((resync + mrand.N(resync+1)) / time.Second)
 	return w.g.leases.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.g.selector(), ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
 }
 
@@ -176,7 +176,7 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	// per event would cost every waiter per renewal.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var fireAt, timerAt time.Time
+	var fireAt time.Time
 	for {
 		now := g.now()
 		free, due := w.free(now)
@@ -190,10 +190,8 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 		case fireAt.IsZero():
 			fireAt = now.Add(max(w.delay(free), w.quietUntil.Sub(now)))
 		}
-		due = earliest(due, fireAt)
-		if !due.Equal(timerAt) && !due.IsZero() {
+		if due = earliest(due, fireAt); !due.IsZero() {
 			timer.Reset(due.Sub(now))
-			timerAt = due
 		}
 		select {
 		case <-w.ctx.Done():
@@ -207,7 +205,6 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 				return nil, nil
 			}
 		case <-timer.C:
-			timerAt = time.Time{}
 			now := g.now()
 			if fireAt.IsZero() || now.Before(fireAt) {
 				continue
@@ -267,9 +264,11 @@ func (w *waiter) eligible() int {
 // look again: the next expiry of a held slot.
 func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	g := w.g
-	if !w.seeded && seededBy(w.leases[w.names[0]], g.cfg.SeedKey) {
-		w.seeded = true
-		g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
+	for _, l := range w.leases {
+		if !w.seeded && seededBy(l, g.cfg.SeedKey) {
+			w.seeded = true
+			g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
+		}
 	}
 	for i := range w.eligible() {
 		name := w.names[i]
