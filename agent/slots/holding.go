@@ -2,7 +2,6 @@ package slots
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -12,8 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
-
-var errNotHolder = errors.New("the Lease names another holder:") // someone else holds it now
 
 // Holding is one held slot, renewed in the background until Release.
 type Holding struct {
@@ -65,7 +62,7 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 		// written if it still names us.
 		updated, err := g.rewrite(rctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 			if holder(l) != h.id {
-				return false, fmt.Errorf("%w %q", errNotHolder, holder(l))
+				return false, fmt.Errorf("the Lease names another holder: %q", holder(l))
 			}
 			t := metav1.NewMicroTime(start)
 			secs := int32(g.cfg.LeaseDuration / time.Second)
@@ -144,7 +141,7 @@ func (h *Holding) clear(ctx context.Context, seeded bool) error {
 // no resourceVersion), if change says to. A conflict reads the Lease again;
 // other failures are tried again after a pause until ctx ends.
 func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change func(*coordinationv1.Lease) (bool, error)) (*coordinationv1.Lease, error) {
-	name, pause := cur.Name, retryPause
+	name, pause := cur.Name, minRetry/2 // doubling
 	for {
 		var err error
 		if cur.ResourceVersion == "" {
@@ -174,8 +171,6 @@ func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change fu
 		pause = min(2*pause, maxRetry)
 	}
 }
-
-const retryPause = 500 * time.Millisecond // the first pause between tries of rewrite; it doubles
 
 // sleep waits for d or until ctx ends; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {

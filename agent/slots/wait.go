@@ -1,6 +1,7 @@
 package slots
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
@@ -82,10 +83,8 @@ func (g *Gate) newWaiter(ctx context.Context) *waiter {
 // wait lists and watches the slots until it holds one.
 func (w *waiter) wait() (*Holding, error) {
 	g := w.g
-	for {
-		if !w.listedAt.IsZero() && !sleep(w.ctx, w.listedAt.Add(listPeriod).Sub(g.now())) {
-			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
-		}
+	var pause time.Duration // after a failure; and lists come at most once a second
+	for ; sleep(w.ctx, max(pause, w.listedAt.Add(listPeriod).Sub(g.now()))); pause = 0 {
 		stream, err := w.list()
 		for err == nil {
 			w.refusedSince, w.retry = time.Time{}, g.retry
@@ -101,27 +100,26 @@ func (w *waiter) wait() (*Holding, error) {
 			}
 			stream, err = w.watch()
 		}
-		if err == nil {
+		if err == nil || w.ctx.Err() != nil {
 			continue
 		}
-		if w.ctx.Err() != nil {
-			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
+		if permanent(err) {
+			return nil, fmt.Errorf("list Leases %s/%s: %w", g.cfg.Namespace, g.selector(), err)
 		}
-		switch {
-		case apierrors.IsForbidden(err):
-			// For good under an old Role; for a moment after a restart.
+		if apierrors.IsForbidden(err) { // for good under an old Role; for a moment after a restart
 			if err := w.refused("list and watch Leases "+g.cfg.Namespace+" (the Role needs list and watch on leases: render the instance again)", err); err != nil {
 				return nil, err
 			}
-		case apierrors.IsUnauthorized(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsMethodNotSupported(err):
-			return nil, fmt.Errorf("list Leases %s/%s: %w", g.cfg.Namespace, g.selector(), err)
 		}
-		pause := w.backOff()
+		pause = w.backOff()
 		g.log.Warn("listing or watching the pull slots failed; will retry", "retryIn", pause.Round(time.Millisecond).String(), "err", err)
-		if !sleep(w.ctx, pause) {
-			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
-		}
 	}
+	return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
+}
+
+// permanent errors end the wait: waiting cannot help.
+func permanent(err error) bool {
+	return apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsMethodNotSupported(err)
 }
 
 // backOff returns the pause after a failed call, and doubles the next.
@@ -190,7 +188,10 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 		case fireAt.IsZero():
 			fireAt = now.Add(max(w.delay(free), w.quietUntil.Sub(now)))
 		}
-		if due = earliest(due, fireAt); !due.IsZero() {
+		if !fireAt.IsZero() && (due.IsZero() || fireAt.Before(due)) {
+			due = fireAt
+		}
+		if !due.IsZero() {
 			timer.Reset(due.Sub(now))
 		}
 		select {
@@ -211,11 +212,7 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 			}
 			fireAt = time.Time{}
 			if free, _ := w.free(now); len(free) > 0 {
-				i := w.mine(free)
-				if i < 0 {
-					i = free[mrand.IntN(len(free))]
-				}
-				if h, err := w.take(i); h != nil || err != nil {
+				if h, err := w.take(free[mrand.IntN(len(free))]); h != nil || err != nil {
 					return h, err
 				}
 			}
@@ -276,23 +273,20 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 		if v, lost := w.lostAt[name]; w.denied[i] || lost && v == version(l) {
 			continue
 		}
-		if h := holder(l); h != "" && h != w.id {
+		switch h := holder(l); {
+		case h == w.id:
+			return []int{i}, time.Time{} // a lost answer's write: taken again at once
+		case h != "":
 			if expiry := w.since[name].Add(g.duration(l)); now.Before(expiry) {
-				next = earliest(next, expiry)
+				if next.IsZero() || expiry.Before(next) {
+					next = expiry
+				}
 				continue
 			}
 		}
 		free = append(free, i)
 	}
 	return free, next
-}
-
-// earliest is the earlier of two times; the zero time is none.
-func earliest(a, b time.Time) time.Time {
-	if a.IsZero() || !b.IsZero() && b.Before(a) {
-		return b
-	}
-	return a
 }
 
 func version(l *coordinationv1.Lease) string {
@@ -302,23 +296,13 @@ func version(l *coordinationv1.Lease) string {
 	return l.ResourceVersion
 }
 
-// delay is drawn uniformly within the window; a slot that names us is
-// taken at once.
+// delay is drawn uniformly within the window; a slot that names us (free
+// then lists it alone) is taken at once.
 func (w *waiter) delay(free []int) time.Duration {
-	if w.mine(free) >= 0 {
+	if holder(w.leases[w.names[free[0]]]) == w.id {
 		return 0
 	}
 	return mrand.N(w.g.window)
-}
-
-// mine is the free slot whose Lease names us (a lost answer's write), or -1.
-func (w *waiter) mine(free []int) int {
-	for _, i := range free {
-		if holder(w.leases[w.names[i]]) == w.id {
-			return i
-		}
-	}
-	return -1
 }
 
 // take writes us into slot i: an update on the version last seen, or a
@@ -365,7 +349,7 @@ func (w *waiter) failed(verb string, i int, version string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err):
 		return w.forbidden(verb, i, err)
-	case apierrors.IsUnauthorized(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsMethodNotSupported(err):
+	case permanent(err):
 		return fmt.Errorf("%s Lease %s/%s: %w", verb, g.cfg.Namespace, w.names[i], err)
 	}
 	w.refusedSince = time.Time{}
@@ -404,9 +388,7 @@ func (w *waiter) forbidden(verb string, i int, err error) error {
 // restarted apiserver refuses until its RBAC caches are filled.
 func (w *waiter) refused(what string, err error) error {
 	now := w.g.now()
-	if w.refusedSince.IsZero() {
-		w.refusedSince = now
-	}
+	w.refusedSince = cmp.Or(w.refusedSince, now)
 	if now.Sub(w.refusedSince) < w.g.cfg.ForbiddenFor {
 		return nil
 	}
