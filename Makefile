@@ -206,12 +206,12 @@ bench: build host-deps kube
 	go run ./tests/bench/cmd/bench -agent $(BIN)/image-prefetcher -out docs/benchmarks.md -plot docs/benchmarks-completion.png $(BENCH_FLAGS)
 
 ## ---- scale simulation (tests/scale, docs/scale.md) ---------------------------
-# Herd control at 100 and 1,000 simulated nodes (K=10, K=50, one seed) and,
-# at 1,000, four faults (apiserver outage, 429s, lost answers, a shrinking
+# Herd control at 1,000 simulated nodes with pulls of 15-60 s (K=50, K=100, one seed) and,
+# with K=50, three faults (apiserver outage, lost answers, a shrinking
 # herd): a real kube-apiserver, Node objects with a pod-bound identity each,
 # the agent's own herd-control, pull and labeling code with metrics on, on a
 # fake runtime with a shared bandwidth model.
-# Needs root; takes 40 minutes or more. Writes docs/scale.md and its plot;
+# Needs root; takes an hour or more. Writes docs/scale.md and its plot;
 # -from/-before (SCALE_FLAGS) report runs made one at a time side by side.
 # Its smallest run is TestScaleSmoke, part of `make test`.
 .PHONY: scale

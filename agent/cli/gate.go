@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/image-prefetcher/image-prefetcher/agent/coverage"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
@@ -54,7 +53,6 @@ func NewGate(ctx context.Context, cfg GateConfig) (pull.Gate, error) {
 		Slots:        cfg.MaxConcurrentNodes,
 		SeedNodes:    cfg.SeedNodes,
 		SeedKey:      cfg.SeedKey,
-		Herd:         HerdSize(ctx, cfg.Kube, cfg.Namespace, cfg.Pod, cfg.Log),
 		Identity:     cmp.Or(cfg.Pod, cfg.Node),
 		ReleaseGrace: cfg.ReleaseGrace,
 		Logger:       cfg.Log,
@@ -63,28 +61,6 @@ func NewGate(ctx context.Context, cfg GateConfig) (pull.Gate, error) {
 		return nil, err
 	}
 	return slotGate{g}, nil
-}
-
-// herdTimeout bounds reading the herd's size: it only tunes the wait.
-const herdTimeout = 5 * time.Second
-
-// HerdSize is how many pods the agent's DaemonSet wants (its status's
-// desiredNumberScheduled): the most nodes that may wait for a pull slot at
-// once, from which a waiter sizes the part of the slots it watches
-// (agent/slots). The DaemonSet is the pod's controller (coverage.Own). 0
-// when it cannot be told: outside a DaemonSet's pod, or the read fails;
-// the waiters then find the size themselves.
-func HerdSize(ctx context.Context, k kube.Interface, namespace, pod string, log *slog.Logger) int {
-	ctx, cancel := context.WithTimeout(ctx, herdTimeout)
-	defer cancel()
-	name, ds, err := coverage.Own(ctx, k, namespace, pod)
-	if err != nil || ds == nil {
-		if log != nil {
-			log.Info("cannot read the DaemonSet's size; waiting for a pull slot without it", "daemonSet", name, "err", err)
-		}
-		return 0
-	}
-	return int(max(ds.Status.DesiredNumberScheduled, 0))
 }
 
 // slotGate is the slots' Gate as the puller sees it.

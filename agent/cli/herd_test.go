@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/internal/fakecri"
@@ -19,43 +17,6 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/kube/clientset"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 )
-
-// The herd is the DaemonSet's desired pod count, found through the pod's
-// owner reference; whatever cannot be told is 0, which the slots treat as
-// unknown.
-func TestHerdSize(t *testing.T) {
-	const ns, pod = "prefetch", "image-prefetcher-demo-x7k2p"
-	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-demo", Namespace: ns}}
-	ds.Status.DesiredNumberScheduled = 1000
-	longDS := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-" + strings.Repeat("a", 63), Namespace: ns}}
-	longDS.Status.DesiredNumberScheduled = 7
-	tests := []struct {
-		name string
-		kube kube.Interface
-		ns   string
-		pod  string
-		want int
-	}{
-		{"the DaemonSet's desired pods", clientset.Wrap(fake.NewSimpleClientset(ds, ownedPod(ns, pod, ds))), ns, pod, 1000},
-		{"no such DaemonSet", clientset.Wrap(fake.NewSimpleClientset(ownedPod(ns, pod, ds))), ns, pod, 0},
-		{"a pod no DaemonSet controls", clientset.Wrap(fake.NewSimpleClientset(ds, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns}})), ns, pod, 0},
-		{"no namespace", clientset.Wrap(fake.NewSimpleClientset(ds, ownedPod(ns, pod, ds))), "", pod, 0},
-		{"a client without DaemonSets", nodesOnly{}, ns, pod, 0},
-		// The apiserver cuts a generateName of more than 58 characters:
-		// the DaemonSet is found through the pod's owner reference.
-		{"a 63-character instance name", clientset.Wrap(fake.NewSimpleClientset(longDS, ownedPod(ns, longDS.Name[:58]+"x7k2p", longDS))), ns, longDS.Name[:58] + "x7k2p", 7},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := HerdSize(context.Background(), tt.kube, tt.ns, tt.pod, nil); got != tt.want {
-				t.Errorf("HerdSize %d, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
-// nodesOnly is a kube.Interface that cannot read DaemonSets.
-type nodesOnly struct{ kube.Interface }
 
 // lossyGate hands out slots the test can take away.
 type lossyGate struct{ holds chan *lossySlot }

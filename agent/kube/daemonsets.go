@@ -19,13 +19,7 @@ import (
 // binary does not otherwise need (see the package comment on footprint).
 type DaemonSet struct {
 	metav1.ObjectMeta `json:"metadata"`
-	Spec              DaemonSetSpec   `json:"spec"`
-	Status            DaemonSetStatus `json:"status"`
-}
-
-// DaemonSetStatus holds how many nodes should run the DaemonSet's pod.
-type DaemonSetStatus struct {
-	DesiredNumberScheduled int32 `json:"desiredNumberScheduled"`
+	Spec              DaemonSetSpec `json:"spec"`
 }
 
 // DaemonSetSpec holds the pod template's annotations, node selection and

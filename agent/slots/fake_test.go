@@ -294,7 +294,7 @@ func (f *fakeAPI) sneak(t *testing.T, name string, change func(*coordinationv1.L
 // Durations below a second are allowed here (New rounds them up for the
 // API; tests set them afterwards) so that expiry tests run fast; the Lease
 // then says 0 seconds and readers fall back to the configured duration.
-// The hand-over pace and the first pause after a failed call are
+// The delay window and the first pause after a failed call are
 // shortened alike.
 func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *Gate {
 	t.Helper()
@@ -316,7 +316,7 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if leaseDuration > 0 {
 		g.cfg.LeaseDuration = leaseDuration
 	}
-	g.pace = time.Millisecond
+	g.window = 10 * time.Millisecond
 	g.retry = 10 * time.Millisecond
 	return g
 }

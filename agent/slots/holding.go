@@ -2,7 +2,6 @@ package slots
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,9 +9,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
-
-var errNotHolder = errors.New("the Lease names another holder:") // someone else holds it now
 
 // Holding is one held slot, renewed in the background until Release.
 type Holding struct {
@@ -64,7 +62,7 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 		// written if it still names us.
 		updated, err := g.rewrite(rctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 			if holder(l) != h.id {
-				return false, fmt.Errorf("%w %q", errNotHolder, holder(l))
+				return false, fmt.Errorf("the Lease names another holder: %q", holder(l))
 			}
 			t := metav1.NewMicroTime(start)
 			secs := int32(g.cfg.LeaseDuration / time.Second)
@@ -85,9 +83,9 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 	}
 }
 
-// Release gives the slot back: a seed whose pull ended records that it
-// has finished (one whose slot was lost or whose run was terminated has
-// not), then the holder is cleared. Once Hold's context has ended, it
+// Release gives the slot back: the holder is cleared, and a seed whose
+// pull ended records on the slot that it has finished (one whose slot was
+// lost or whose run was terminated has not). Once Hold's context has ended, it
 // takes at most Config.ReleaseGrace, even if it began before. Failures are
 // logged: the slot frees itself after the lease duration. It may be called
 // more than once.
@@ -105,31 +103,29 @@ func (h *Holding) Release() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.CallTimeout)
 		defer cancel()
 		defer context.AfterFunc(h.ctx, func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) })()
-		switch {
-		case h.seed && (lost || h.ctx.Err() != nil):
+		// A seed whose pull ended records it on its slot in the release.
+		seeded := h.seed && !lost && h.ctx.Err() == nil
+		if h.seed && !seeded {
 			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished", "slot", h.Name(), "lost", lost)
-		case h.seed:
-			if err := g.markSeeded(ctx); err != nil {
-				g.log.Error("could not record that this seed node finished; other nodes wait for another seed",
-					"slot", SlotName(g.cfg.Instance, 0), "err", err)
-			} else {
-				g.log.Info("recorded that a seed node finished", "slot", SlotName(g.cfg.Instance, 0))
-			}
 		}
-		if err := h.clear(ctx); err != nil {
+		if err := h.clear(ctx, seeded); err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",
-				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "err", err)
+				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "seeded", seeded, "err", err)
 			return
 		}
-		g.log.Info("released pull slot", "slot", h.Name())
+		g.log.Info("released pull slot", "slot", h.Name(), "seeded", seeded)
 	})
 }
 
-// clear empties holderIdentity if we still hold it, and keeps the Lease.
-func (h *Holding) clear(ctx context.Context) error {
+// clear empties holderIdentity if we still hold it, and keeps the Lease;
+// seeded sets SeededAnnotation to Config.SeedKey.
+func (h *Holding) clear(ctx context.Context, seeded bool) error {
 	_, err := h.g.rewrite(ctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 		if holder(l) != h.id {
 			return false, nil // taken after it expired: nothing of ours to clear
+		}
+		if seeded {
+			l.Annotations = labels.Merge(l.Annotations, map[string]string{SeededAnnotation: h.g.cfg.SeedKey})
 		}
 		now := metav1.NewMicroTime(h.g.now())
 		l.Spec.HolderIdentity, l.Spec.AcquireTime, l.Spec.RenewTime = nil, nil, &now
@@ -141,41 +137,11 @@ func (h *Holding) clear(ctx context.Context) error {
 	return err
 }
 
-// markSeeded sets SeededAnnotation on slot 0, creating that Lease without
-// a holder if it does not exist yet.
-func (g *Gate) markSeeded(ctx context.Context) error {
-	name, value := SlotName(g.cfg.Instance, 0), g.cfg.SeedKey
-	for {
-		_, err := g.rewrite(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(l *coordinationv1.Lease) (bool, error) {
-			if seededBy(l, value) {
-				return false, nil
-			}
-			if l.Annotations == nil {
-				l.Annotations = map[string]string{}
-			}
-			l.Annotations[SeededAnnotation] = value
-			return true, nil
-		})
-		if !apierrors.IsNotFound(err) {
-			return err
-		}
-		secs := int32(g.cfg.LeaseDuration / time.Second)
-		_, err = g.create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: g.labels(0),
-				Annotations: map[string]string{SeededAnnotation: value}},
-			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
-		})
-		if err == nil || !apierrors.IsAlreadyExists(err) {
-			return err
-		}
-	}
-}
-
 // rewrite writes change applied to a copy of cur (read first when it has
 // no resourceVersion), if change says to. A conflict reads the Lease again;
 // other failures are tried again after a pause until ctx ends.
 func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change func(*coordinationv1.Lease) (bool, error)) (*coordinationv1.Lease, error) {
-	name, pause := cur.Name, retryPause
+	name, pause := cur.Name, minRetry/2 // doubling
 	for {
 		var err error
 		if cur.ResourceVersion == "" {
@@ -205,8 +171,6 @@ func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change fu
 		pause = min(2*pause, maxRetry)
 	}
 }
-
-const retryPause = 500 * time.Millisecond // the first pause between tries of rewrite; it doubles
 
 // sleep waits for d or until ctx ends; it reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {

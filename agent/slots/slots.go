@@ -10,7 +10,8 @@
 // holder look dead. Waiting is in wait.go.
 //
 // Seed mode: until a seed has finished, only slots 0..N-1 may be taken. A
-// seed that finishes records it on slot 0 (SeededAnnotation).
+// seed that finishes records it on its slot (SeededAnnotation) as it
+// releases it; any waiting node may take a seed slot.
 package slots
 
 import (
@@ -19,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -41,7 +41,7 @@ const (
 	// DefaultReleaseGrace bounds a release once the pod is terminating.
 	DefaultReleaseGrace = 5 * time.Second
 
-	// SeededAnnotation on slot 0 says that a seed has finished; its value
+	// SeededAnnotation on a slot says that a seed has finished; its value
 	// is that seed's Config.SeedKey.
 	SeededAnnotation = v1alpha1.LabelDomain + "/seeded"
 
@@ -50,7 +50,6 @@ const (
 	LabelInstance      = "app.kubernetes.io/instance"
 	LabelComponent     = "app.kubernetes.io/component"
 	LabelComponentSlot = "pull-slot"
-	LabelSlot          = v1alpha1.LabelDomain + "/slot" // the slot's index, for a group's watch (wait.go)
 )
 
 // LeaseClient reads and writes the slot Leases: the agent's
@@ -76,10 +75,6 @@ type Config struct {
 	// LeaseDuration is written to leaseDurationSeconds, in whole seconds
 	// rounded up. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
-	// Herd is how many nodes may wait at once, at most: the DaemonSet's
-	// desiredNumberScheduled; 0 means unknown. It sizes the waiters'
-	// groups and first window (wait.go).
-	Herd int
 	// ReleaseGrace bounds a release once the context given to Hold has
 	// ended, a release already in flight included; CallTimeout bounds each
 	// API call; ForbiddenFor is how long the API may refuse every slot (or
@@ -94,10 +89,10 @@ type Gate struct {
 	cfg    Config
 	leases LeaseClient
 	log    *slog.Logger
-	// The clock, the pace windows are sized by and the first pause after a
-	// failed call (wait.go); tests replace them.
-	now         func() time.Time
-	pace, retry time.Duration
+	// The clock, the window a take's delay is drawn in and the first pause
+	// after a failed call (wait.go); tests replace them.
+	now           func() time.Time
+	window, retry time.Duration
 }
 
 // New checks cfg and fills in defaults.
@@ -111,8 +106,8 @@ func New(cfg Config) (*Gate, error) {
 		return nil, errors.New("slots: no instance name")
 	case cfg.Slots < 1:
 		return nil, fmt.Errorf("slots: %d slots, need at least 1", cfg.Slots)
-	case cfg.SeedNodes < 0, cfg.Herd < 0:
-		return nil, fmt.Errorf("slots: %d seed nodes and a herd of %d, need 0 or more", cfg.SeedNodes, cfg.Herd)
+	case cfg.SeedNodes < 0:
+		return nil, fmt.Errorf("slots: %d seed nodes, need 0 or more", cfg.SeedNodes)
 	case cfg.Identity == "":
 		return nil, errors.New("slots: no holder identity (set POD_NAME)")
 	case cfg.LeaseDuration < 0 || cfg.CallTimeout < 0 || cfg.ReleaseGrace < 0 || cfg.ForbiddenFor < 0:
@@ -127,7 +122,7 @@ func New(cfg Config) (*Gate, error) {
 	cfg.SeedKey = cmp.Or(cfg.SeedKey, "true")
 	return &Gate{
 		cfg: cfg, leases: cfg.Client, log: cfg.Logger.With("component", "slots"),
-		now: time.Now, pace: pace, retry: minRetry,
+		now: time.Now, window: window, retry: minRetry,
 	}, nil
 }
 
@@ -147,7 +142,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 		return nil, err
 	}
 	g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
-		"waited", g.now().Sub(start).Round(time.Millisecond).String(), "window", w.window.Round(time.Millisecond).String(), "groups", w.groups)
+		"waited", g.now().Sub(start).Round(time.Millisecond).String())
 	return h, nil
 }
 
@@ -182,13 +177,13 @@ func (g *Gate) taken(prev *coordinationv1.Lease, i int, id string, now time.Time
 	}
 	secs, t := int32(g.cfg.LeaseDuration/time.Second), metav1.NewMicroTime(now)
 	next.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &secs, AcquireTime: &t, RenewTime: &t, LeaseTransitions: &transitions}
-	next.Labels = labels.Merge(next.Labels, g.labels(i))
+	next.Labels = labels.Merge(next.Labels, g.labels())
 	return next
 }
 
 // labels are on every slot Lease; the waiters' watch selects on them.
-func (g *Gate) labels(i int) map[string]string {
-	return map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot, LabelSlot: strconv.Itoa(i)}
+func (g *Gate) labels() map[string]string {
+	return map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot}
 }
 
 // The API calls, each under its own timeout.

@@ -27,7 +27,6 @@ func TestNewValidates(t *testing.T) {
 		{"zero slots", func(c *Config) { c.Slots = 0 }, "at least 1"},
 		{"no identity", func(c *Config) { c.Identity = "" }, "POD_NAME"},
 		{"negative seeds", func(c *Config) { c.SeedNodes = -1 }, "seed"},
-		{"negative herd", func(c *Config) { c.Herd = -1 }, "herd"},
 		{"negative duration", func(c *Config) { c.ReleaseGrace = -time.Second }, "negative"},
 	}
 	for _, tt := range tests {
@@ -360,9 +359,10 @@ func TestSeedMode(t *testing.T) {
 					got <- h
 				}()
 			}
-			seeds[len(seeds)-1].Release()
-			if v := f.lease(t, SlotName("demo", 0)).Annotations[SeededAnnotation]; v != "list-1" {
-				t.Errorf("slot 0 %s = %q, want list-1", SeededAnnotation, v)
+			last := seeds[len(seeds)-1]
+			last.Release()
+			if v := f.lease(t, last.Name()).Annotations[SeededAnnotation]; v != "list-1" {
+				t.Errorf("the seed's slot %s = %q, want list-1", SeededAnnotation, v)
 			}
 			// Now the remaining slots open up.
 			for range tt.slots - 1 {
@@ -403,20 +403,16 @@ func TestSeedsNotLimitedWhenSeedsCoverSlots(t *testing.T) {
 	}
 }
 
-func TestMarkSeededCreatesSlotZero(t *testing.T) {
+// A seed records on its own slot, whichever it is: once any slot says
+// so, a new node is no seed and may use any slot.
+func TestSeededOnAnySlot(t *testing.T) {
 	f := newFakeAPI(t)
+	f.labeledSlot(t, 1)
+	f.write(t, SlotName("demo", 1), func(l *coordinationv1.Lease) { l.Annotations = map[string]string{SeededAnnotation: "true"} })
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 1}, 0)
-	if err := g.markSeeded(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	l := f.lease(t, SlotName("demo", 0))
-	if l == nil || l.Annotations[SeededAnnotation] != "true" || holder(l) != "" {
-		t.Fatalf("slot 0 after markSeeded: %+v", l)
-	}
-	// Once marked, a new node is no seed and may use any slot.
-	h := hold(t, g)
-	if h.Seed() {
-		t.Error("node after seeding counts as a seed")
+	a, b := hold(t, g), hold(t, g)
+	if a.Seed() || b.Seed() {
+		t.Errorf("nodes after seeding count as seeds: %v, %v", a.Seed(), b.Seed())
 	}
 }
 

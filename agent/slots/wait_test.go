@@ -12,7 +12,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -254,9 +253,7 @@ func TestFailedTakeBacksOff(t *testing.T) {
 }
 
 // Finding 3 of issue 27: the herd leaves without taking slots (its nodes
-// finish, or are drained). A waiter whose window is sized for a herd of a
-// million (17 min here) still takes a freed slot: a slot that stays free
-// halves the window.
+// finish, or are drained). The last waiter still takes a freed slot.
 func TestDepartedHerdLeavesNoSlotIdle(t *testing.T) {
 	for _, freed := range []int{1, 6} {
 		t.Run(fmt.Sprintf("%d of 8 slots freed", freed), func(t *testing.T) {
@@ -266,7 +263,7 @@ func TestDepartedHerdLeavesNoSlotIdle(t *testing.T) {
 			for i := range k {
 				held = append(held, hold(t, f.gate(t, Config{Slots: k, Identity: fmt.Sprintf("holder-%d", i), LeaseDuration: time.Hour}, 0)))
 			}
-			w := f.gate(t, Config{Slots: k, Identity: "last", LeaseDuration: time.Hour, Herd: 1_000_000}, 0)
+			w := f.gate(t, Config{Slots: k, Identity: "last", LeaseDuration: time.Hour}, 0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			got := waiters(ctx, t, w, 1)
@@ -291,7 +288,7 @@ func TestDepartedHerdLeavesNoSlotIdle(t *testing.T) {
 func TestManyWatchersNeverExceedK(t *testing.T) {
 	const k, n = 3, 30
 	f := newFakeAPI(t)
-	g := f.gate(t, Config{Slots: k, LeaseDuration: time.Hour, Herd: n}, 0)
+	g := f.gate(t, Config{Slots: k, LeaseDuration: time.Hour}, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var mu sync.Mutex
@@ -321,118 +318,39 @@ func TestManyWatchersNeverExceedK(t *testing.T) {
 	}
 }
 
-// The window's rules: a lost race doubles it and skips the slot until it
-// changes, a failed write doubles it and holds writes back, a stalled
-// slot halves it (but not right after a failed write), each within
-// bounds; every take by another node takes one node off the count and
-// halves a doubling back; with F slots free the delay's mean is window ÷ F.
-func TestWindowRules(t *testing.T) {
+// The delay rules: a lost race skips the slot until it changes and
+// pauses less than a quarter of the window; a failed write holds writes
+// back; the delay before a take is drawn within the window, and a slot
+// that names us is taken at once.
+func TestDelayRules(t *testing.T) {
 	f := newFakeAPI(t)
-	g := f.gate(t, Config{Slots: 4, LeaseDuration: time.Hour, Herd: 50}, 0)
+	g := f.gate(t, Config{Slots: 4, LeaseDuration: time.Hour}, 0)
+	g.window = time.Second
 	w := g.newWaiter(context.Background())
 	w.leases = map[string]*coordinationv1.Lease{}
-	if want := 50 * g.pace; w.window != want {
-		t.Errorf("first window %v, want the herd × pace, %v", w.window, want)
-	}
 	now := time.Now()
 	free := &coordinationv1.Lease{}
 	free.Name, free.ResourceVersion = SlotName("demo", 0), "7"
 	w.leases[free.Name] = free
-	for _, name := range w.names {
-		w.freeSince[name] = now
-	}
-	w.window = time.Second
 	conflict := apierrors.NewConflict(leasesGVR.GroupResource(), free.Name, errors.New("modified"))
-	if err := w.failed("update", 0, "7", conflict); err != nil || w.window != 2*time.Second || !w.quietUntil.IsZero() {
-		t.Errorf("after a lost race: err %v window %v quiet until %v, want nil, 2s, no pause", err, w.window, w.quietUntil)
+	if err := w.failed("update", 0, "7", conflict); err != nil || w.quietUntil.After(g.now().Add(g.window/4)) || w.retry != g.retry {
+		t.Errorf("after a lost race: err %v, quiet until %v, next retry %v; want nil, a pause under %v, no backoff", err, w.quietUntil.Sub(now), w.retry, g.window/4)
 	}
 	if slots, _ := w.free(now); len(slots) != 3 || slots[0] == 0 {
 		t.Errorf("free slots %v right after losing the race for slot 0, want the 3 others", slots)
 	}
-	if err := w.failed("update", 1, absent, apierrors.NewServiceUnavailable("down")); err != nil || w.window != 4*time.Second || !w.quietUntil.After(now) {
-		t.Errorf("after a failed write: err %v window %v quiet until %v, want nil, 4s, a pause", err, w.window, w.quietUntil)
+	if err := w.failed("update", 1, absent, apierrors.NewServiceUnavailable("down")); err != nil || !w.quietUntil.After(now) || w.retry != 2*g.retry {
+		t.Errorf("after a failed write: err %v, quiet until %v, next retry %v; want nil, a pause, a doubled retry", err, w.quietUntil, w.retry)
 	}
-	w.stall(now.Add(stallFactor * w.g.pace))
-	if w.window != 4*time.Second {
-		t.Errorf("window %v after a slot stalled right after a failed write, want 4s: the apiserver may be failing the takes", w.window)
-	}
-	for range 40 {
-		_ = w.failed("update", 0, "7", conflict)
-	}
-	if w.window != maxWindow {
-		t.Errorf("window %v, want capped at %v", w.window, maxWindow)
-	}
-	w.window, w.failedAt = time.Second, time.Time{}
-	for _, name := range w.names {
-		w.freeSince[name] = now
-		if w.leases[name] == nil {
-			l := free.DeepCopy()
-			l.Name = name
-			w.leases[name] = l
+	for range 2000 {
+		if d := w.delay([]int{1, 2, 3}); d < 0 || d >= g.window {
+			t.Fatalf("delay %v, want within the window %v", d, g.window)
 		}
 	}
-	w.stall(now.Add(stallFactor*w.g.pace - time.Nanosecond))
-	if w.window != time.Second {
-		t.Errorf("window %v before any slot stalled, want 1s", w.window)
+	mine := free.DeepCopy()
+	mine.Spec.HolderIdentity = &w.id
+	w.leases[free.Name] = mine
+	if d := w.delay([]int{0, 1}); d != 0 {
+		t.Errorf("delay %v for a slot that names us, want 0", d)
 	}
-	w.stall(now.Add(stallFactor * w.g.pace))
-	if w.window != time.Second/2 {
-		t.Errorf("window %v after a slot stalled, want 500ms", w.window)
-	}
-	for range 40 {
-		now = now.Add(stallFactor * w.g.pace)
-		w.stall(now)
-	}
-	if w.window != minWindow {
-		t.Errorf("window %v, want the floor %v", w.window, minWindow)
-	}
-	p := w.g.pace
-	w.window, w.left = 100*p, 100
-	other := "other"
-	taken := free.DeepCopy()
-	taken.ResourceVersion, taken.Spec.HolderIdentity = "8", &other
-	w.apply(watch.Event{Type: watch.Modified, Object: taken})
-	renewed := taken.DeepCopy()
-	renewed.ResourceVersion = "9"
-	w.apply(watch.Event{Type: watch.Modified, Object: renewed})
-	if w.left != 99 || w.window != 99*p {
-		t.Errorf("after another node's take and a renewal: %d counted waiting, window %v; want 99 and %v", w.left, w.window, 99*p)
-	}
-	// Three lost races doubled the window: the next take halves it back.
-	w.window = 8 * 99 * p
-	again := "again"
-	retaken := renewed.DeepCopy()
-	retaken.ResourceVersion, retaken.Spec.HolderIdentity = "10", &again
-	w.apply(watch.Event{Type: watch.Modified, Object: retaken})
-	if w.left != 98 || w.window != 4*98*p {
-		t.Errorf("after a take, with a window doubled three times: %d counted waiting, window %v; want 98 and %v", w.left, w.window, 4*98*p)
-	}
-	w.window = time.Second
-	var sum time.Duration
-	const draws = 2000
-	for range draws {
-		sum += w.delay([]int{1, 2, 3, 0})
-	}
-	// Exponential, mean window ÷ 4: the mean of 2,000 draws is within 20 %
-	// of it but about once in 10^10.
-	if mean := sum / draws; mean < time.Second/4*8/10 || mean > time.Second/4*12/10 {
-		t.Errorf("mean delay %v with 4 slots free and a window of 1s, want 250ms", mean)
-	}
-}
-
-// A lone waiter with a wide window does not wait it out: a slot that
-// stays free shrinks the window until the waiter takes it. The window
-// here is 30 min, the most there is.
-func TestLoneWaiterDoesNotWaitOutItsWindow(t *testing.T) {
-	f := newFakeAPI(t)
-	f.labeledSlot(t, 0)
-	f.labeledSlot(t, 1)
-	g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, Herd: 1_000_000_000}, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	h, err := g.Hold(ctx)
-	if err != nil {
-		t.Fatalf("Hold: %v", err)
-	}
-	h.Release()
 }

@@ -289,8 +289,7 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 // ownPodAndDaemonSetRule lets the agent find its own DaemonSet: it reads
 // its pod (POD_NAME) for the controller owner reference, then that
 // DaemonSet. watch keeps the node key across a rollout only while the
-// DaemonSet still covers the node with the same list, and herd control
-// reads the herd's size there. The grant is namespace-wide, not by name:
+// DaemonSet still covers the node with the same list. The grant is namespace-wide, not by name:
 // a namePrefix or nameSuffix applied after the function ran, or the
 // function run from a kustomize component, renames the DaemonSet after
 // its name was rendered into the rule, and pod names are generated. The

@@ -45,10 +45,6 @@ type agentsSpec struct {
 	Slots     int    `json:"slots"`
 	SeedNodes int    `json:"seedNodes"`
 	SeedKey   string `json:"seedKey"`
-	// Herd is the run's node count: what each agent reads from its
-	// DaemonSet's status.desiredNumberScheduled (cli.HerdSize), which no
-	// controller fills in here.
-	Herd int `json:"herd"`
 	// LostAnswers is the share of takes, in percent, whose answer is lost:
 	// the apiserver makes the write, and the call times out.
 	LostAnswers int       `json:"lostAnswers"`

@@ -22,6 +22,9 @@ import (
 // holds it lower, and what it cannot use goes to the others.
 type Bandwidth struct {
 	capacity, nodeCap float64
+	// caps, if set, are the nodes' own caps (a pull time drawn per node);
+	// a node not in it has nodeCap.
+	caps map[string]float64
 
 	mu    sync.Mutex
 	flows []*flow
@@ -142,6 +145,14 @@ func (b *Bandwidth) SetNodeCap(nodeCap int64) {
 	b.nodeCap = float64(nodeCap)
 }
 
+// SetNodeCaps gives the named nodes caps of their own, in bytes per
+// second, between runs; nil gives every node the common cap again.
+func (b *Bandwidth) SetNodeCaps(caps map[string]float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.caps = caps
+}
+
 // Reset zeroes the totals between runs; no transfer may be in progress.
 func (b *Bandwidth) Reset() error {
 	b.mu.Lock()
@@ -187,7 +198,12 @@ func (b *Bandwidth) settle() {
 		perNode[f.node]++
 	}
 	order := slices.Clone(b.flows)
-	limit := func(f *flow) float64 { return b.nodeCap / float64(perNode[f.node]) }
+	limit := func(f *flow) float64 {
+		if c, ok := b.caps[f.node]; ok && c < b.nodeCap {
+			return c / float64(perNode[f.node])
+		}
+		return b.nodeCap / float64(perNode[f.node])
+	}
 	slices.SortFunc(order, func(x, y *flow) int { return cmp.Compare(limit(x), limit(y)) })
 	left, n := b.capacity, len(order)
 	for i, f := range order {

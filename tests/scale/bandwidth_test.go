@@ -15,18 +15,21 @@ func TestBandwidthRates(t *testing.T) {
 		name              string
 		capacity, nodeCap int64
 		nodes             []string
+		caps              map[string]float64
 		want              []float64
 	}{
-		{"one transfer, node-capped", 1000, 200, []string{"a"}, []float64{200}},
-		{"five nodes saturate", 1000, 200, []string{"a", "b", "c", "d", "e"}, []float64{200, 200, 200, 200, 200}},
-		{"ten nodes share", 1000, 200, []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}, []float64{100, 100, 100, 100, 100, 100, 100, 100, 100, 100}},
-		{"a node's transfers share its link", 1000, 200, []string{"a", "a", "a", "a"}, []float64{50, 50, 50, 50}},
-		{"capped node leaves the rest to others", 300, 100, []string{"a", "a", "b", "c"}, []float64{50, 50, 100, 100}},
-		{"registry-bound: equal shares per transfer, not per node", 300, 250, []string{"a", "a", "a", "a", "b"}, []float64{60, 60, 60, 60, 60}},
+		{"one transfer, node-capped", 1000, 200, []string{"a"}, nil, []float64{200}},
+		{"five nodes saturate", 1000, 200, []string{"a", "b", "c", "d", "e"}, nil, []float64{200, 200, 200, 200, 200}},
+		{"ten nodes share", 1000, 200, []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}, nil, []float64{100, 100, 100, 100, 100, 100, 100, 100, 100, 100}},
+		{"a node's transfers share its link", 1000, 200, []string{"a", "a", "a", "a"}, nil, []float64{50, 50, 50, 50}},
+		{"capped node leaves the rest to others", 300, 100, []string{"a", "a", "b", "c"}, nil, []float64{50, 50, 100, 100}},
+		{"registry-bound: equal shares per transfer, not per node", 300, 250, []string{"a", "a", "a", "a", "b"}, nil, []float64{60, 60, 60, 60, 60}},
+		{"a node's own cap (its drawn pull time), never above the common one", 1000, 200, []string{"a", "a", "b", "c"}, map[string]float64{"a": 40, "b": 500}, []float64{20, 20, 200, 200}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := NewBandwidth(tt.capacity, tt.nodeCap)
+			b.SetNodeCaps(tt.caps)
 			for _, n := range tt.nodes {
 				b.flows = append(b.flows, &flow{node: n, size: 1e12, done: make(chan struct{})})
 			}
@@ -100,5 +103,26 @@ func TestBandwidthDownloads(t *testing.T) {
 	<-done
 	if left := b.Downloads("a"); len(left) != 0 {
 		t.Errorf("downloads %v after the transfer ended, want none", left)
+	}
+}
+
+// Each node's pull time is drawn within PullSeconds, the same in every
+// run, and spread over the range.
+func TestPullCaps(t *testing.T) {
+	o := Options{Images: []Image{{Size: 600}}, PullSeconds: [2]float64{15, 60}}
+	a, b := o.pullCaps(1000), o.pullCaps(1000)
+	lo, hi := math.Inf(1), 0.0
+	for n, c := range a {
+		secs := 600 / c
+		if secs < 15 || secs > 60 || b[n] != c {
+			t.Fatalf("node %s: pull %v s (again %v), want within 15-60 s and the same each time", n, secs, 600/b[n])
+		}
+		lo, hi = min(lo, secs), max(hi, secs)
+	}
+	if len(a) != 1000 || lo > 16 || hi < 59 {
+		t.Errorf("%d nodes, pulls %v-%v s, want 1000 spread over 15-60 s", len(a), lo, hi)
+	}
+	if (Options{}).pullCaps(10) != nil {
+		t.Error("caps without PullSeconds, want none")
 	}
 }

@@ -22,7 +22,6 @@ func newGate(spec agentsSpec, id agentID, leases kube.LeaseClient, m *metrics.Me
 		Slots:     spec.Slots,
 		SeedNodes: spec.SeedNodes,
 		SeedKey:   spec.SeedKey,
-		Herd:      spec.Herd,
 		Identity:  id.Pod,
 		Logger:    log,
 	})

@@ -120,7 +120,7 @@ func (e *testEnv) testOutage(t *testing.T) {
 	defer cancel()
 	results := make(chan []pull.Result, 3)
 	run := func(node string) {
-		g := e.gate(t, token, instance, slots.Config{Slots: k, Identity: node, LeaseDuration: duration, Herd: 3})
+		g := e.gate(t, token, instance, slots.Config{Slots: k, Identity: node, LeaseDuration: duration})
 		rt := &nodeRuntime{node: node, p: p, present: map[string]bool{}}
 		pl := pull.New(rt, pull.Config{Gate: metrics.New().Gate(slotGate{g}), Creds: noCreds{}, OverallTimeout: 2 * time.Minute,
 			Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", node)})
@@ -190,7 +190,7 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 	defer cancel()
 	var mu sync.Mutex
 	dropped, writes := false, 0
-	a := e.wrappedGate(t, token, instance, slots.Config{Slots: 1, Identity: "a", LeaseDuration: 2 * time.Second, Herd: 2},
+	a := e.wrappedGate(t, token, instance, slots.Config{Slots: 1, Identity: "a", LeaseDuration: 2 * time.Second},
 		func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(r)
 			if r.Method != http.MethodPut && r.Method != http.MethodPost {
@@ -219,7 +219,7 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 	if err != nil || holderOf(l) != h.Identity() {
 		t.Fatalf("Lease %s: holder %q (%v), want %q", h.Name(), holderOf(l), err, h.Identity())
 	}
-	bg := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "b", LeaseDuration: 2 * time.Second, Herd: 2})
+	bg := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "b", LeaseDuration: 2 * time.Second})
 	got := make(chan *slots.Holding, 1)
 	go func() {
 		if h, err := bg.Hold(ctx); err == nil {

@@ -67,7 +67,7 @@ func runHolder() int {
 	ns := os.Getenv(envNamespace)
 	g, err := slots.New(slots.Config{
 		Client: cs.CoordinationV1().Leases(ns), Namespace: ns, Instance: os.Getenv(envInstance),
-		Slots: k, Identity: "subprocess", LeaseDuration: d, Herd: 2,
+		Slots: k, Identity: "subprocess", LeaseDuration: d,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
@@ -106,7 +106,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("fetch on SIGTERM gives its slot back and records no seed", env.testFetchSIGTERM)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
-	t.Run("a large herd watches the slots in groups; no released slot stays free", env.testGroups)
+	t.Run("one watch of the instance's slots; every released slot is taken", env.testOneWatch)
 	t.Run("a Role without list and watch ends the wait with an error", env.testOldRole)
 	t.Run("a take whose answer was lost is written again; never two holders", env.testLostAnswer)
 	// Last: it stops the apiserver.

@@ -33,7 +33,7 @@ func (e *testEnv) testQuietWaiters(t *testing.T) {
 	var calls atomic.Int64
 	got := make(chan *slots.Holding, n)
 	for range n {
-		g := e.countedGate(t, token, instance, slots.Config{Slots: 1, Identity: "waiter", LeaseDuration: time.Hour, Herd: n + 1}, &calls)
+		g := e.countedGate(t, token, instance, slots.Config{Slots: 1, Identity: "waiter", LeaseDuration: time.Hour}, &calls)
 		go func() {
 			h, err := g.Hold(ctx)
 			if err == nil {

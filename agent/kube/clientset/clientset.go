@@ -74,7 +74,6 @@ func convert(ds *appsv1.DaemonSet) *kube.DaemonSet {
 	out.Spec.Template.Spec.Affinity = pod.Affinity
 	out.Spec.Template.Spec.Tolerations = pod.Tolerations
 	out.Spec.Template.Spec.Volumes = pod.Volumes
-	out.Status.DesiredNumberScheduled = ds.Status.DesiredNumberScheduled
 	return out
 }
 

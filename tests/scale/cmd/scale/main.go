@@ -47,6 +47,8 @@ func run() error {
 	flag.Float64Var(&imageMiB, "image-mib", 25, "size of each image in MiB")
 	flag.Float64Var(&capMiB, "capacity", 1000, "registry capacity C in MiB/s, shared by all transfers")
 	flag.Float64Var(&nodeMiB, "node-cap", 200, "each node's link b in MiB/s")
+	flag.Float64Var(&opts.PullSeconds[0], "pull-min", 15, "shortest whole pull of a node, in seconds (each node's is drawn uniformly; 0 and -pull-max 0: links of -node-cap)")
+	flag.Float64Var(&opts.PullSeconds[1], "pull-max", 60, "longest whole pull of a node, in seconds")
 	flag.IntVar(&opts.Parallelism, "parallelism", 4, "agent --parallelism (images at once per node)")
 	flag.IntVar(&opts.Procs, "procs", 4, "agents processes to spread the agents over")
 	flag.StringVar(&opts.KeepLogs, "keep-logs", "", "copy the apiserver's and the agents' logs into this directory")

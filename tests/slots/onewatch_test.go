@@ -3,7 +3,6 @@ package slots_test
 import (
 	"context"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,11 +10,11 @@ import (
 )
 
 // Against the real apiserver (its set-based label selectors, its watch
-// cache, the RBAC the function renders): waiters of a large herd each
-// watch one group of the slots, and every slot released is taken by
-// one of them, including the slots of groups nobody waits on.
-func (e *testEnv) testGroups(t *testing.T) {
-	const k, n, instance = 4, 3, "groups"
+// cache, the RBAC the function renders): each waiter follows the
+// instance's slots with one label-selected watch, and every slot
+// released is taken by one of them.
+func (e *testEnv) testOneWatch(t *testing.T) {
+	const k, n, instance = 4, 3, "onewatch"
 	token := e.agentToken(t, instance, k)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -32,8 +31,7 @@ func (e *testEnv) testGroups(t *testing.T) {
 	watches := make(chan string, 16*n)
 	got := make(chan *slots.Holding, n)
 	for range n {
-		// A herd of 1,000: four groups of one slot.
-		g := e.wrappedGate(t, token, instance, slots.Config{Slots: k, Identity: "waiter", LeaseDuration: time.Hour, Herd: 1000},
+		g := e.wrappedGate(t, token, instance, slots.Config{Slots: k, Identity: "waiter", LeaseDuration: time.Hour},
 			func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 				if r.URL.Query().Get("watch") == "true" {
 					select {
@@ -55,15 +53,14 @@ func (e *testEnv) testGroups(t *testing.T) {
 	for range n {
 		select {
 		case s := <-watches:
-			if !strings.Contains(s, slots.LabelSlot+" in (") {
-				t.Errorf("a waiter of a herd of 1,000 watches %q, want one group of the slots", s)
+			if want := slots.LabelComponent + "=" + slots.LabelComponentSlot + "," + slots.LabelInstance + "=" + instance; s != want {
+				t.Errorf("a waiter watches %q, want the instance's slots, %q", s, want)
 			}
 		case <-ctx.Done():
 			t.Fatal("the waiters did not all watch")
 		}
 	}
-	// Three waiters cannot cover four groups: whichever slots are
-	// released, each waiter gets one.
+	// Whichever slots are released, each waiter gets one.
 	for _, h := range held[:n] {
 		h.Release()
 	}
