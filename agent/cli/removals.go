@@ -66,7 +66,8 @@ func (r *removals) removed(imgs []presence.Image) {
 	now := time.Now()
 	for _, img := range imgs {
 		r.gone[img.Name] = now
-		if !r.guard.Removed(img.Name, now) {
+		// A runtime wiped while down is a one-off, not the kubelet's GC.
+		if img.AfterRestart || !r.guard.Removed(img.Name, now) {
 			a.log.Warn("an image left the node; pulling it again", "image", img.Name)
 			continue
 		}

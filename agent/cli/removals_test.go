@@ -128,6 +128,12 @@ func TestRemovalsStopFightingTheGC(t *testing.T) {
 	if got := reason(); got != "" {
 		t.Fatalf("after the repair: %q, want succeeded", got)
 	}
+	// A runtime wiped while down is a one-off: repaired.
+	r.removed([]presence.Image{{Name: app, AfterRestart: true}})
+	if got := reason(); got != pull.ReasonRemoved {
+		t.Fatalf("wipe: %q, want Removed", got)
+	}
+	r.checked(ctx, result(true, true), time.Now(), nil)
 	// GC pass 2: removed again after the re-pull; held back.
 	r.removed([]presence.Image{{Name: app}})
 	if got := reason(); got != pull.ReasonRemovedByGC {

@@ -45,6 +45,10 @@ type Image struct {
 	Ref string
 	// ID is the image ID the runtime reported.
 	ID string
+	// AfterRestart: found gone by the look after the event stream came
+	// back, so removed while the runtime was down (a wipe), not by the
+	// kubelet's image GC, which needs a running runtime.
+	AfterRestart bool
 }
 
 // Runtime is the part of the CRI the watcher needs.
@@ -82,6 +86,9 @@ type Watcher struct {
 	changed bool
 	// listing is a digest of the last image list (without events).
 	listing uint64
+	// restarted: the stream came back after breaking, and no look has
+	// succeeded since.
+	restarted bool
 }
 
 func (w *Watcher) wakeup() chan struct{} {
@@ -176,11 +183,18 @@ func (w *Watcher) looker(ctx context.Context) {
 func (w *Watcher) follow(ctx context.Context) bool {
 	const maxWait = 10 * time.Second
 	wait := time.Second
+	subscribed := w.trigger
 	for {
 		start := time.Now()
 		// Each subscription looks at once: what happened while the stream
 		// was down (a runtime wiped while stopped) has no event.
-		err := w.Events.WatchImageDeletes(ctx, w.trigger, w.trigger)
+		err := w.Events.WatchImageDeletes(ctx, subscribed, w.trigger)
+		subscribed = func() {
+			w.mu.Lock()
+			w.restarted = true
+			w.mu.Unlock()
+			w.trigger()
+		}
 		if errors.Is(err, cri.ErrNoEvents) {
 			w.Log.Info("the runtime has no image event stream: listing its images every interval to notice removals", "interval", w.Interval, "err", err)
 			return false
@@ -249,6 +263,7 @@ func digest(list []cri.ListedImage) uint64 {
 func (w *Watcher) look(ctx context.Context) error {
 	w.mu.Lock()
 	set := slices.Clone(w.set)
+	restarted := w.restarted
 	w.mu.Unlock()
 	gone := map[string]bool{}
 	var first error
@@ -263,17 +278,23 @@ func (w *Watcher) look(ctx context.Context) error {
 			gone[img.Name] = true
 		}
 	}
-	w.report(func(img Image) bool { return gone[img.Name] })
+	if first == nil && restarted {
+		w.mu.Lock()
+		w.restarted = false
+		w.mu.Unlock()
+	}
+	w.report(func(img Image) bool { return gone[img.Name] }, restarted)
 	return first
 }
 
 // report takes the images matched by gone out of the set and calls Gone
 // with them.
-func (w *Watcher) report(gone func(Image) bool) {
+func (w *Watcher) report(gone func(Image) bool, afterRestart bool) {
 	w.mu.Lock()
 	var out []Image
 	w.set = slices.DeleteFunc(w.set, func(img Image) bool {
 		if gone(img) {
+			img.AfterRestart = afterRestart
 			out = append(out, img)
 			return true
 		}

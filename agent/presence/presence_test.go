@@ -237,17 +237,32 @@ func TestEvents(t *testing.T) {
 	w, ev, g, subscribed := startFollowing(t, rt, []Image{a, b})
 	rt.set(a.Ref, "")
 	ev.names <- a.Name
-	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
-		t.Errorf("gone %v, want a", got)
+	if imgs := <-g; len(imgs) != 1 || imgs[0].Name != a.Name || imgs[0].AfterRestart {
+		t.Errorf("gone %+v, want a, on an event", imgs)
 	}
 	// A broken stream is subscribed again, with a look for what happened
 	// meanwhile (a runtime wiped while it was down).
-	w.Watch([]Image{b})
-	rt.set(b.Ref, "")
+	_, before := rt.calls()
+	w.Watch([]Image{b}) // asks about b once: a was deleted since the last Watch
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, n := rt.calls(); n > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Watch after a deletion did not ask about the new set")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	ev.fail <- errors.New("transport is closing")
+	rt.set(b.Ref, "")
 	<-subscribed
-	if got := g.next(t); !slices.Equal(got, []string{b.Name}) {
-		t.Errorf("gone %v, want b, found by the look after subscribing again", got)
+	select {
+	case imgs := <-g:
+		if len(imgs) != 1 || imgs[0].Name != b.Name || !imgs[0].AfterRestart {
+			t.Errorf("gone %+v, want b, found by the look after subscribing again (AfterRestart)", imgs)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("b not reported after subscribing again")
 	}
 	if lists, _ := rt.calls(); lists != 0 {
 		t.Errorf("%d ListImages calls, want none: events say when to look", lists)
