@@ -348,6 +348,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		Gate:                  gate,
 		Creds:                 provider,
 		Waiting:               a.onWaiting,
+		Hold:                  a.holdGC,
 		Log:                   log,
 		Sleep:                 deps.Sleep,
 	}
@@ -362,6 +363,11 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	a.initPins(runtimeName, version, imageFsCapacity(a.disk.Reader))
 	return nil
 }
+
+// holdGC is the puller's Hold: watch holds back the re-download of an
+// image the node's image GC keeps removing (removals.hold); fetch, which
+// runs once, holds nothing.
+func (a *agent) holdGC(r *pull.Result) bool { return a.removals != nil && a.removals.hold(r) }
 
 // statusBound bounds each ImageStatus call. ImageStatus only reads the
 // runtime's metadata, so a call that takes long means a runtime that is

@@ -2,12 +2,18 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/events"
 )
 
 const listDigestAnnotation = "image-prefetcher.stackrox.io/list-digest"
@@ -20,6 +26,18 @@ func (e *env) ownPod(ns, pod string, ds *appsv1.DaemonSet) {
 		e.t.Fatal(err)
 	}
 	e.getenv["POD_NAME"], e.getenv["POD_NAMESPACE"] = pod, ns
+}
+
+// generateNames makes the fake API server fill in generateName, as the
+// real one does, so that it keeps every Event a pod records.
+func (e *env) generateNames() {
+	var n atomic.Int64
+	e.kube.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
+			obj.SetName(fmt.Sprintf("%s%d", obj.GetGenerateName(), n.Add(1)))
+		}
+		return false, nil, nil
+	})
 }
 
 // daemonSet is an instance's DaemonSet whose pod template carries the
@@ -82,6 +100,7 @@ func TestWatchOnSIGTERMFollowsTheDaemonSet(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
+			e.generateNames()
 			if tt.ds != nil {
 				if _, err := e.kube.AppsV1().DaemonSets(ns).Create(context.Background(), tt.ds, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
@@ -111,6 +130,17 @@ func TestWatchOnSIGTERMFollowsTheDaemonSet(t *testing.T) {
 			}
 			if tt.wantWhy != "" && !strings.Contains(n.Annotations[testKey], tt.wantWhy) {
 				t.Errorf("annotation %s does not say %s", n.Annotations[testKey], tt.wantWhy)
+			}
+			// Issue 38, finding 7: the marking is recorded as an Event too,
+			// so that status --hits counts no pull after it under succeeded.
+			if tt.wantLabel == "failed" {
+				var marked bool
+				for _, ev := range e.events(events.ReasonPrefetchFailed) {
+					marked = marked || strings.Contains(ev.Message, tt.wantWhy)
+				}
+				if !marked {
+					t.Errorf("no %s Event saying %s after the key was marked failed\n%s", events.ReasonPrefetchFailed, tt.wantWhy, e.logs)
+				}
 			}
 			e.assertOthersUntouched()
 		})

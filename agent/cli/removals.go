@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/gcguard"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/presence"
 	"github.com/image-prefetcher/image-prefetcher/agent/pull"
@@ -28,6 +31,9 @@ type removals struct {
 	last []pull.Result
 	pins *label.Pins
 	gone map[string]time.Time
+	// guard holds back the re-download of an image the node's image GC
+	// keeps removing.
+	guard gcguard.Guard
 }
 
 // watchRemovals starts watching the images each check finds present,
@@ -60,8 +66,17 @@ func (r *removals) removed(imgs []presence.Image) {
 	now := time.Now()
 	for _, img := range imgs {
 		r.gone[img.Name] = now
-		a.log.Warn("an image left the node; pulling it again", "image", img.Name)
+		// A runtime wiped while down is a one-off, not the kubelet's GC.
+		if img.AfterRestart || !r.guard.Removed(img.Name, now) {
+			a.log.Warn("an image left the node; pulling it again", "image", img.Name)
+			continue
+		}
+		h, _ := r.guard.Held(img.Name, now)
+		msg := gcMessage(h)
+		a.log.Warn("the node's image GC removed an image again after it was pulled back; not downloading it again for now", "image", img.Name, "until", h.Until)
+		a.events.Emit(r.ctx, corev1.EventTypeWarning, pull.ReasonRemovedByGC, img.Name+": "+msg)
 	}
+	r.countHeld(now)
 	if r.last != nil {
 		s := r.summary()
 		a.observe(s)
@@ -84,6 +99,12 @@ func (r *removals) checked(ctx context.Context, results []pull.Result, start tim
 	a.labelMu.Lock()
 	defer a.labelMu.Unlock()
 	r.last, r.pins = results, pins
+	for _, res := range results {
+		if res.Pulled {
+			r.guard.Pulled(res.Normalized)
+		}
+	}
+	r.countHeld(time.Now())
 	for name, at := range r.gone {
 		if at.Before(start) {
 			delete(r.gone, name)
@@ -108,14 +129,45 @@ func (r *removals) checked(ctx context.Context, results []pull.Result, start tim
 func (r *removals) summary() label.Summary {
 	rs := make([]pull.Result, len(r.last))
 	copy(rs, r.last)
+	now := time.Now()
 	for i := range rs {
-		if at, gone := r.gone[rs[i].Normalized]; gone {
-			rs[i].Present, rs[i].Reason = false, pull.ReasonRemoved
-			rs[i].Message = fmt.Sprintf("left the node at %s (image GC, crictl rmi or a runtime wipe); being pulled again", at.UTC().Format(time.RFC3339))
+		at, gone := r.gone[rs[i].Normalized]
+		if !gone {
+			continue
+		}
+		rs[i].Present, rs[i].Reason = false, pull.ReasonRemoved
+		rs[i].Message = fmt.Sprintf("left the node at %s (image GC, crictl rmi or a runtime wipe); being pulled again", at.UTC().Format(time.RFC3339))
+		if h, held := r.guard.Held(rs[i].Normalized, now); held {
+			rs[i].Reason, rs[i].Message = pull.ReasonRemovedByGC, gcMessage(h)
 		}
 	}
 	s := pull.Summarize(rs, 0)
 	s.SetPins(r.pins)
 	s.Disk = r.a.diskState(r.ctx)
 	return s
+}
+
+// hold is the puller's Hold: an image the node's image GC keeps removing
+// is not pulled while its hold lasts, the periodic check included.
+func (r *removals) hold(res *pull.Result) bool {
+	h, held := r.guard.Held(res.Normalized, time.Now())
+	if held {
+		res.Reason, res.Message = pull.ReasonRemovedByGC, gcMessage(h)
+	}
+	return held
+}
+
+// gcMessage says why an image is not downloaded again, and what would
+// keep it on the node.
+func gcMessage(h gcguard.Hold) string {
+	return fmt.Sprintf("the node's image GC keeps removing it (%d removals, the last after this agent pulled it back); not downloaded again before %s. "+
+		"To keep it: pinning (containerd >= 1.7.10 or 2.x, within the pin budget), a larger pin budget, or the kubelet's image GC settings (imageMaximumGCAge, imageGCHighThresholdPercent)",
+		h.Removals, h.Until.UTC().Format(time.RFC3339))
+}
+
+// countHeld sets the metric of the images held back.
+func (r *removals) countHeld(now time.Time) {
+	if r.a.metrics != nil {
+		r.a.metrics.HeldByGC.Set(float64(r.guard.HeldCount(now)))
+	}
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +78,76 @@ func TestRemovalsKeepTheLabelTruthful(t *testing.T) {
 	expect("repair", "succeeded")
 	if len(r.gone) != 0 {
 		t.Errorf("still marked gone: %v", r.gone)
+	}
+}
+
+// An image removed again after watch pulled it back is one the node's GC
+// keeps removing: the label says RemovedByGC, and the next checks do not
+// pull it while the hold lasts. A one-off removal is repaired.
+func TestRemovalsStopFightingTheGC(t *testing.T) {
+	e := newEnv(t)
+	owner := label.NewOwner(testNamespace, testInstance)
+	log := slog.New(slog.DiscardHandler)
+	a := &agent{log: log, events: &events.Recorder{Log: log},
+		labeler: &label.Labeler{Nodes: clientset.Wrap(e.kube).Nodes(), Node: testNode, Key: testKey, Owner: &owner, Log: log}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := &removals{a: a, ctx: ctx, repair: make(chan struct{}, 1), gone: map[string]time.Time{},
+		watcher: &presence.Watcher{Log: log}}
+	a.removals = r
+	const app = "docker.io/library/app:1"
+	result := func(present, pulled bool) []pull.Result {
+		res := pull.Result{Image: "app:1", Normalized: app, Ref: app, Present: present, Pulled: pulled, ID: "sha256:a"}
+		if !present && a.holdGC(&res) {
+			return []pull.Result{res}
+		}
+		if !present {
+			t.Fatal("a check would pull app:1 again")
+		}
+		return []pull.Result{res}
+	}
+	reason := func() string {
+		t.Helper()
+		v, s, _ := e.state()
+		if v == "succeeded" {
+			return ""
+		}
+		if len(s.Failed) != 1 {
+			t.Fatalf("label %s, failures %v", v, s.Failed)
+		}
+		return s.Failed[0].Reason
+	}
+
+	r.checked(ctx, result(true, false), time.Now(), nil)
+	// GC pass 1: a removal, repaired once.
+	r.removed([]presence.Image{{Name: app}})
+	if got := reason(); got != pull.ReasonRemoved {
+		t.Fatalf("first removal: %q, want Removed", got)
+	}
+	r.checked(ctx, result(true, true), time.Now(), nil)
+	if got := reason(); got != "" {
+		t.Fatalf("after the repair: %q, want succeeded", got)
+	}
+	// A runtime wiped while down is a one-off: repaired.
+	r.removed([]presence.Image{{Name: app, AfterRestart: true}})
+	if got := reason(); got != pull.ReasonRemoved {
+		t.Fatalf("wipe: %q, want Removed", got)
+	}
+	r.checked(ctx, result(true, true), time.Now(), nil)
+	// GC pass 2: removed again after the re-pull; held back.
+	r.removed([]presence.Image{{Name: app}})
+	if got := reason(); got != pull.ReasonRemovedByGC {
+		t.Fatalf("second removal: %q, want RemovedByGC", got)
+	}
+	// The repair check and the periodic ones do not pull it.
+	for range 2 {
+		r.checked(ctx, result(false, false), time.Now(), nil)
+		if got := reason(); got != pull.ReasonRemovedByGC {
+			t.Fatalf("check while held: %q, want RemovedByGC", got)
+		}
+	}
+	_, s, _ := e.state()
+	if msg := s.Failed[0].Message; !strings.Contains(msg, "image GC keeps removing") || !strings.Contains(msg, "pinning") {
+		t.Errorf("message %q does not say why and what would keep it", msg)
 	}
 }

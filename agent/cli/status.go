@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -216,6 +217,30 @@ func printTable(deps *Deps, rows []NodeStatus) {
 	_ = w.Flush()
 	printConflicts(deps, rows)
 	fmt.Fprint(deps.Stdout, privateNote(rows))
+	printGCHeld(deps, rows)
+}
+
+// printGCHeld says, under the table, which images the node's image GC
+// keeps removing, and what would keep them.
+func printGCHeld(deps *Deps, rows []NodeStatus) {
+	for _, r := range rows {
+		for _, i := range r.Instances {
+			if i.Summary == nil {
+				continue
+			}
+			var held []string
+			for _, f := range i.Summary.Failed {
+				if f.Reason == pull.ReasonRemovedByGC {
+					held = append(held, f.Image)
+				}
+			}
+			if len(held) > 0 {
+				fmt.Fprintf(deps.Stdout, "node %s, instance %s: the node's image GC keeps removing %s; not downloaded again for now (1 h, doubling). "+
+					"Pinning (containerd >= 1.7.10 or 2.x, within the pin budget), a larger pin budget or the kubelet's image GC settings would keep them\n",
+					r.Node, i.Instance, strings.Join(held, ", "))
+			}
+		}
+	}
 }
 
 // column is one column of the status table after NODE.

@@ -212,3 +212,17 @@ func TestStatusCleanupRemovesOnlyOwnKeys(t *testing.T) {
 		t.Errorf("exit %d: %s", code, e.logs)
 	}
 }
+
+// An image the node's image GC keeps removing gets a line under the table
+// saying why it is not downloaded again and what would keep it.
+func TestStatusSaysWhyGCRemovedImagesStayAway(t *testing.T) {
+	e := newEnv(t)
+	ann := `{"total":1,"present":0,"failed":[{"image":"app:1","reason":"RemovedByGC","message":"the node's image GC keeps removing it"}],"durationSeconds":1,"completedAt":"2026-01-01T00:00:00Z"}`
+	e.kube = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1",
+		Labels: map[string]string{"image-prefetcher.stackrox.io/web": "failed"}, Annotations: map[string]string{"image-prefetcher.stackrox.io/web": ann}}})
+	e.run("status")
+	want := "node n1, instance web: the node's image GC keeps removing app:1; not downloaded again for now"
+	if got := e.stdout.String(); !strings.Contains(got, want) || !strings.Contains(got, "app:1 (RemovedByGC)") {
+		t.Errorf("got:\n%s\nwant a line with %q", got, want)
+	}
+}

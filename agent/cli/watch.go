@@ -162,7 +162,16 @@ func (a *agent) markListChanged(ctx context.Context, deadline time.Time, why str
 	failed := append(slices.Clone(s.Failed), label.Failure{Image: "image list", Reason: ReasonListChanged, Message: why + "; the next pod of the DaemonSet checks the new list"})
 	marked := label.NewSummary(s.Total, s.Present, failed, 0, time.Now())
 	marked.SetPins(s.Pins)
-	return a.writeOnExit(ctx, deadline, "marking", "marked failed", func(ctx context.Context) error { return a.labeler.Apply(ctx, marked) })
+	// The Event goes with the label: without it, status --hits would count
+	// a pod's pull just before the new list's fetch as a miss under the
+	// old list's succeeded (issue 38, finding 7).
+	return a.writeOnExit(ctx, deadline, "marking", "marked failed", func(ctx context.Context) error {
+		if err := a.labeler.Apply(ctx, marked); err != nil {
+			return err
+		}
+		a.events.Record(ctx, false, marked.Text())
+		return nil
+	})
 }
 
 // removeLabel removes this instance's label and annotation, giving up at

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -245,15 +246,22 @@ func (c *Client) ImageFsInfo(ctx context.Context) ([]Filesystem, error) {
 	return out, nil
 }
 
-// ListImages returns the ID of every image the runtime holds.
-func (c *Client) ListImages(ctx context.Context) ([]string, error) {
+// ListedImage is one image the runtime lists: its ID, and the tags and
+// digest references it is known by.
+type ListedImage struct {
+	ID    string
+	Names []string
+}
+
+// ListImages returns every image the runtime holds.
+func (c *Client) ListImages(ctx context.Context) ([]ListedImage, error) {
 	resp, err := c.img.ListImages(ctx, &runtimeapi.ListImagesRequest{})
 	if err != nil {
 		return nil, c.after(fmt.Errorf("CRI ListImages on %s: %w", c.Socket, err))
 	}
-	ids := make([]string, 0, len(resp.GetImages()))
+	out := make([]ListedImage, 0, len(resp.GetImages()))
 	for _, img := range resp.GetImages() {
-		ids = append(ids, img.GetId())
+		out = append(out, ListedImage{ID: img.GetId(), Names: append(slices.Clone(img.GetRepoTags()), img.GetRepoDigests()...)})
 	}
-	return ids, nil
+	return out, nil
 }

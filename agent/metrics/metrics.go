@@ -46,6 +46,9 @@ type Metrics struct {
 	UnclassifiedErrors prometheus.Counter
 	// PinUnsupported is 1 while the runtime cannot pin images (agent/pin).
 	PinUnsupported prometheus.Gauge
+	// HeldByGC is the images whose re-download is held back because the
+	// node's image GC keeps removing them (agent/gcguard).
+	HeldByGC prometheus.Gauge
 }
 
 // New registers the collectors.
@@ -97,7 +100,10 @@ func New() *Metrics {
 	m.LabelConflicts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "image_prefetcher_label_conflicts_total", Help: "Times this instance's node label or annotation was found changed by another writer since the agent wrote it.",
 	})
-	m.Registry.MustRegister(m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess,
+	m.HeldByGC = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "image_prefetcher_gc_held_images", Help: "Images the node's image GC removed again after the agent pulled them back, whose re-download is held back (1 h, doubling at each further removal).",
+	})
+	m.Registry.MustRegister(m.HeldByGC, m.Images, m.PullDuration, m.PullBytes, m.Attempts, m.LastSuccess,
 		m.Succeeded, m.ImageFailed, m.SlotWaiting, m.SlotWait, m.LabelConflicts, m.StartupTaintRemovals, m.OwnerConflict, m.UnclassifiedErrors, m.PinUnsupported)
 	return m
 }

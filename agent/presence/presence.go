@@ -3,20 +3,22 @@
 // runtime. Between two checks the label would otherwise say `succeeded`
 // for an image that is gone, for up to the whole refresh interval.
 //
-// It costs the runtime little. On containerd it follows the event stream
-// on the CRI socket (image deletions in namespace k8s.io): no call at all
-// while nothing happens, and one ListImages when the stream (re)connects,
-// to catch what happened while it was down (a runtime wiped while
-// stopped). CRI-O serves no such stream: there it lists the images every
-// Interval (10 s: 6 calls a minute), and asks ImageStatus only for an
-// image whose ID is no longer listed.
+// It asks the kubelet's question: does ImageStatus for the reference the
+// pods use find an image? Anything else is only a reason to ask now. On
+// containerd that reason is an image deletion on the event stream (CRI
+// socket, namespace k8s.io): no call at all while nothing is deleted. On
+// CRI-O, which has no stream, it is a change in the runtime's image list,
+// listed every Interval (10 s: 6 calls a minute while idle).
 package presence
 
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,27 +34,33 @@ const DefaultInterval = 10 * time.Second
 // watch for good.
 const callTimeout = 10 * time.Second
 
+// maxRetry is the longest wait before a failed look is tried again.
+const maxRetry = 10 * time.Second
+
 // Image is one image found present.
 type Image struct {
-	// Name is the fully qualified reference (docker.io/library/busybox:1.36),
-	// the name containerd records the image under.
+	// Name is the fully qualified reference (docker.io/library/busybox:1.36).
 	Name string
 	// Ref is what CRI calls ask for (the kubelet's reference).
 	Ref string
 	// ID is the image ID the runtime reported.
 	ID string
+	// AfterRestart: found gone by the look after the event stream came
+	// back, so removed while the runtime was down (a wipe), not by the
+	// kubelet's image GC, which needs a running runtime.
+	AfterRestart bool
 }
 
 // Runtime is the part of the CRI the watcher needs.
 type Runtime interface {
-	ListImages(ctx context.Context) ([]string, error)
+	ListImages(ctx context.Context) ([]cri.ListedImage, error)
 	ImageStatus(ctx context.Context, ref string) (*cri.ImageInfo, error)
 }
 
 // Events is containerd's event stream (cri.Client.WatchImageDeletes). It
 // returns an error wrapping cri.ErrNoEvents when the runtime has none.
 type Events interface {
-	WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(name string)) error
+	WatchImageDeletes(ctx context.Context, subscribed func(), deleted func()) error
 }
 
 // Watcher watches a set of images.
@@ -63,24 +71,65 @@ type Watcher struct {
 	// Interval is DefaultInterval when zero.
 	Interval time.Duration
 	Log      *slog.Logger
-	// Gone is called with the images found gone, from Run's goroutine.
+	// Gone is called with the images found gone, from Run's goroutines.
 	// They leave the set: Watch sets it again.
 	Gone func([]Image)
 
+	once sync.Once
+	wake chan struct{}
+
 	mu  sync.Mutex
 	set []Image
+	// changed: something may have been removed since the last Watch. The
+	// looks since then asked about the old set; the new one is asked
+	// about at once (a removal during a check).
+	changed bool
+	// listing is a digest of the last image list (without events).
+	listing uint64
+	// restarted: the stream came back after breaking, and no look has
+	// succeeded since.
+	restarted bool
+}
+
+func (w *Watcher) wakeup() chan struct{} {
+	w.once.Do(func() { w.wake = make(chan struct{}, 1) })
+	return w.wake
 }
 
 // Watch replaces the set of images to watch: what the last check found
 // present.
 func (w *Watcher) Watch(set []Image) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.set = slices.Clone(set)
+	changed := w.changed
+	w.changed = false
+	w.mu.Unlock()
+	if changed {
+		w.poke()
+	}
+}
+
+// trigger records that something may have been removed, and asks for a
+// look.
+func (w *Watcher) trigger() {
+	w.mu.Lock()
+	w.changed = true
+	w.mu.Unlock()
+	w.poke()
+}
+
+func (w *Watcher) poke() {
+	select {
+	case w.wakeup() <- struct{}{}:
+	default:
+	}
 }
 
 // Run watches until ctx ends.
 func (w *Watcher) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { w.looker(ctx) })
 	if w.Events != nil && w.follow(ctx) {
 		return
 	}
@@ -88,6 +137,7 @@ func (w *Watcher) Run(ctx context.Context) {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	w.poll(ctx)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -95,8 +145,36 @@ func (w *Watcher) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			w.look(ctx)
+			w.poll(ctx)
 		}
+	}
+}
+
+// looker looks whenever asked to, and again, backing off, while a look
+// fails: a runtime still starting after a restart is asked until it
+// answers.
+func (w *Watcher) looker(ctx context.Context) {
+	const firstRetry = time.Second
+	retry := firstRetry
+	var again <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wakeup():
+		case <-again:
+		}
+		again = nil
+		if err := w.look(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.Log.Warn("cannot tell whether the watched images are still present; asking again", "retryIn", retry, "err", err)
+			again = time.After(retry)
+			retry = min(2*retry, maxRetry)
+			continue
+		}
+		retry = firstRetry
 	}
 }
 
@@ -105,9 +183,18 @@ func (w *Watcher) Run(ctx context.Context) {
 func (w *Watcher) follow(ctx context.Context) bool {
 	const maxWait = 10 * time.Second
 	wait := time.Second
+	subscribed := w.trigger
 	for {
 		start := time.Now()
-		err := w.Events.WatchImageDeletes(ctx, func() { w.look(ctx) }, w.deleted)
+		// Each subscription looks at once: what happened while the stream
+		// was down (a runtime wiped while stopped) has no event.
+		err := w.Events.WatchImageDeletes(ctx, subscribed, w.trigger)
+		subscribed = func() {
+			w.mu.Lock()
+			w.restarted = true
+			w.mu.Unlock()
+			w.trigger()
+		}
 		if errors.Is(err, cri.ErrNoEvents) {
 			w.Log.Info("the runtime has no image event stream: listing its images every interval to notice removals", "interval", w.Interval, "err", err)
 			return false
@@ -130,26 +217,12 @@ func (w *Watcher) follow(ctx context.Context) bool {
 	}
 }
 
-// deleted handles one deleted image record: a name the set knows an image
-// by (its reference, or its ID) is gone for the kubelet, which asks by
-// that name.
-func (w *Watcher) deleted(name string) {
-	w.report(func(img Image) bool { return img.Name == name || img.Ref == name || img.ID == name })
-}
-
-// look lists the runtime's images and reports those of the set that are
-// gone. An image whose ID is not listed is asked for by reference, so
-// that one retagged to another ID (a newer image pulled under the same
-// tag) is not reported.
-func (w *Watcher) look(ctx context.Context) {
-	w.mu.Lock()
-	set := slices.Clone(w.set)
-	w.mu.Unlock()
-	if len(set) == 0 {
-		return
-	}
+// poll lists the runtime's images, and asks for a look when the list
+// changed since the last time (or on the first). A failed listing is
+// tried at the next tick.
+func (w *Watcher) poll(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(ctx, callTimeout)
-	ids, err := w.Runtime.ListImages(lctx)
+	list, err := w.Runtime.ListImages(lctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -157,48 +230,71 @@ func (w *Watcher) look(ctx context.Context) {
 		}
 		return
 	}
-	listed := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		listed[id] = true
+	sum := digest(list)
+	w.mu.Lock()
+	changed := sum != w.listing
+	w.listing = sum
+	w.mu.Unlock()
+	if changed {
+		w.trigger()
 	}
+}
+
+// digest sums what the runtime lists: IDs, tags and digests.
+func digest(list []cri.ListedImage) uint64 {
+	var names []string
+	for _, img := range list {
+		names = append(names, img.ID+"\x00"+strings.Join(img.Names, "\x00"))
+	}
+	sort.Strings(names)
+	h := fnv.New64a()
+	for _, n := range names {
+		h.Write([]byte(n))
+		h.Write([]byte{1})
+	}
+	return h.Sum64() | 1 // never 0, the digest before the first listing
+}
+
+// look asks ImageStatus for each image of the set by the reference the
+// pods use, and reports those it does not find. An image the reference
+// now finds under another ID (a tag moved to a newer image) is present.
+// It returns the first error; the images it could not ask about stay
+// watched.
+func (w *Watcher) look(ctx context.Context) error {
+	w.mu.Lock()
+	set := slices.Clone(w.set)
+	restarted := w.restarted
+	w.mu.Unlock()
 	gone := map[string]bool{}
+	var first error
 	for _, img := range set {
-		if listed[img.ID] {
-			continue
-		}
 		sctx, cancel := context.WithTimeout(ctx, callTimeout)
 		info, err := w.Runtime.ImageStatus(sctx, img.Ref)
 		cancel()
 		switch {
-		case err != nil:
-			w.Log.Warn("cannot tell whether an image is still present; looking again later", "image", img.Name, "err", err)
-		case info == nil:
+		case err != nil && first == nil:
+			first = err
+		case err == nil && info == nil:
 			gone[img.Name] = true
-		default:
-			w.retagged(img, info.ID)
 		}
 	}
-	w.report(func(img Image) bool { return gone[img.Name] })
-}
-
-// retagged records that img is present under another ID now.
-func (w *Watcher) retagged(img Image, id string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := range w.set {
-		if w.set[i].Name == img.Name {
-			w.set[i].ID = id
-		}
+	if first == nil && restarted {
+		w.mu.Lock()
+		w.restarted = false
+		w.mu.Unlock()
 	}
+	w.report(func(img Image) bool { return gone[img.Name] }, restarted)
+	return first
 }
 
 // report takes the images matched by gone out of the set and calls Gone
 // with them.
-func (w *Watcher) report(gone func(Image) bool) {
+func (w *Watcher) report(gone func(Image) bool, afterRestart bool) {
 	w.mu.Lock()
 	var out []Image
 	w.set = slices.DeleteFunc(w.set, func(img Image) bool {
 		if gone(img) {
+			img.AfterRestart = afterRestart
 			out = append(out, img)
 			return true
 		}

@@ -25,16 +25,52 @@ type runtime struct {
 	listErr  error
 	// listed, when set, gets a token after each ListImages call.
 	listed chan struct{}
+	// err fails every call while set; failed gets a token per failure.
+	err    error
+	failed chan struct{}
 }
 
-func (r *runtime) ListImages(context.Context) ([]string, error) {
+func (r *runtime) failAll(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.err = err
+	if r.failed == nil {
+		r.failed = make(chan struct{}, 100)
+	}
+}
+
+// fail returns the error every call fails with now; r.mu is held.
+func (r *runtime) fail() error {
+	if r.err != nil {
+		select {
+		case r.failed <- struct{}{}:
+		default:
+		}
+	}
+	return r.err
+}
+
+// waitFailed waits for a call failed by failAll.
+func (r *runtime) waitFailed(t *testing.T) {
+	t.Helper()
+	select {
+	case <-r.failed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no call failed")
+	}
+}
+
+func (r *runtime) ListImages(context.Context) ([]cri.ListedImage, error) {
 	r.mu.Lock()
 	r.lists++
-	var ids []string
-	for _, id := range r.images {
-		ids = append(ids, id)
+	var ids []cri.ListedImage
+	for ref, id := range r.images {
+		ids = append(ids, cri.ListedImage{ID: id, Names: []string{ref}})
 	}
 	err := r.listErr
+	if f := r.fail(); f != nil {
+		err = f
+	}
 	r.mu.Unlock()
 	if r.listed != nil {
 		r.listed <- struct{}{}
@@ -46,6 +82,9 @@ func (r *runtime) ImageStatus(_ context.Context, ref string) (*cri.ImageInfo, er
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.statuses++
+	if err := r.fail(); err != nil {
+		return nil, err
+	}
 	if id, ok := r.images[ref]; ok {
 		return &cri.ImageInfo{ID: id}, nil
 	}
@@ -97,21 +136,22 @@ func (g gone) next(t *testing.T) []string {
 	}
 }
 
-// look is what the poll does each interval, called directly.
+// look asks ImageStatus for each watched image, by its reference.
 func TestLook(t *testing.T) {
 	tests := []struct {
 		name string
 		// change is applied to the runtime before the look.
-		change       func(r *runtime)
-		wantGone     []string
-		wantStatuses int
-		wantID       string // a's ID in the set afterwards
+		change   func(r *runtime)
+		wantGone []string
+		wantErr  bool
+		// wantA: a is still watched afterwards.
+		wantA bool
 	}{
-		{name: "all there: one call", change: func(*runtime) {}, wantID: a.ID},
-		{name: "removed", change: func(r *runtime) { r.set(a.Ref, "") }, wantGone: []string{a.Name}, wantStatuses: 1},
-		{name: "retagged to a newer image: not gone", change: func(r *runtime) { r.set(a.Ref, "sha256:new") }, wantStatuses: 1, wantID: "sha256:new"},
-		{name: "both removed", change: func(r *runtime) { r.set(a.Ref, ""); r.set(b.Ref, "") }, wantGone: []string{a.Name, b.Name}, wantStatuses: 2},
-		{name: "listing fails: nothing reported", change: func(r *runtime) { r.set(a.Ref, ""); r.listErr = errors.New("unavailable") }, wantID: a.ID},
+		{name: "all there", change: func(*runtime) {}, wantA: true},
+		{name: "removed", change: func(r *runtime) { r.set(a.Ref, "") }, wantGone: []string{a.Name}},
+		{name: "retagged to a newer image: not gone", change: func(r *runtime) { r.set(a.Ref, "sha256:new") }, wantA: true},
+		{name: "both removed", change: func(r *runtime) { r.set(a.Ref, ""); r.set(b.Ref, "") }, wantGone: []string{a.Name, b.Name}},
+		{name: "the runtime fails: nothing reported", change: func(r *runtime) { r.set(a.Ref, ""); r.failAll(errors.New("unavailable")) }, wantErr: true, wantA: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,24 +164,21 @@ func TestLook(t *testing.T) {
 			}}
 			w.Watch([]Image{a, b})
 			tt.change(rt)
-			w.look(context.Background())
+			if err := w.look(context.Background()); (err != nil) != tt.wantErr {
+				t.Errorf("look: %v, want an error %v", err, tt.wantErr)
+			}
 			if !slices.Equal(got, tt.wantGone) {
 				t.Errorf("gone %v, want %v", got, tt.wantGone)
 			}
-			if lists, statuses := rt.calls(); lists != 1 || statuses != tt.wantStatuses {
-				t.Errorf("%d ListImages and %d ImageStatus calls, want 1 and %d", lists, statuses, tt.wantStatuses)
+			if lists, statuses := rt.calls(); lists != 0 || statuses != 2 {
+				t.Errorf("%d ListImages and %d ImageStatus calls, want 0 and 2", lists, statuses)
 			}
-			idx := slices.IndexFunc(w.set, func(img Image) bool { return img.Name == a.Name })
-			if tt.wantID == "" {
-				if idx >= 0 {
-					t.Errorf("a is still watched after it was reported gone")
-				}
-			} else if idx < 0 || w.set[idx].ID != tt.wantID {
-				t.Errorf("set %v, want a with ID %s", w.set, tt.wantID)
+			if watched := slices.ContainsFunc(w.set, func(img Image) bool { return img.Name == a.Name }); watched != tt.wantA {
+				t.Errorf("a watched %v, want %v", watched, tt.wantA)
 			}
 			// What was reported is not reported again.
 			got = nil
-			w.look(context.Background())
+			_ = w.look(context.Background())
 			if len(got) != 0 {
 				t.Errorf("reported again: %v", got)
 			}
@@ -165,10 +202,12 @@ type events struct {
 	fail        chan error
 	subscribes  int
 	unsupported bool
-	mu          sync.Mutex
+	// subscribed, when set, gets a token after each subscription.
+	subscribed chan struct{}
+	mu         sync.Mutex
 }
 
-func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(string)) error {
+func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func()) error {
 	e.mu.Lock()
 	e.subscribes++
 	e.mu.Unlock()
@@ -176,64 +215,65 @@ func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), delet
 		return fmt.Errorf("%w: unknown service", cri.ErrNoEvents)
 	}
 	subscribed()
+	if e.subscribed != nil {
+		e.subscribed <- struct{}{}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-e.fail:
 			return err
-		case n := <-e.names:
-			deleted(n)
+		case <-e.names:
+			deleted()
 		}
 	}
 }
 
-// With an event stream, a deletion is reported as the event comes, by any
-// name the image is known by, and nothing is listed while nothing happens.
+// With an event stream, a deletion makes the watcher ask ImageStatus about
+// the set, and nothing is asked while nothing is deleted.
 func TestEvents(t *testing.T) {
 	rt := newRuntime()
-	rt.listed = make(chan struct{}, 10)
-	ev := &events{names: make(chan string), fail: make(chan error)}
-	g := make(gone, 10)
-	w := &Watcher{Runtime: rt, Events: ev, Interval: time.Millisecond, Log: discard, Gone: g.report}
-	w.Watch([]Image{a, b})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	<-rt.listed // the look when subscribed
-	ev.names <- "docker.io/library/other:1"
+	w, ev, g, subscribed := startFollowing(t, rt, []Image{a, b})
+	rt.set(a.Ref, "")
 	ev.names <- a.Name
-	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
-		t.Errorf("gone %v, want a", got)
-	}
-	ev.names <- b.ID
-	if got := g.next(t); !slices.Equal(got, []string{b.Name}) {
-		t.Errorf("gone %v, want b (deleted by ID)", got)
+	if imgs := <-g; len(imgs) != 1 || imgs[0].Name != a.Name || imgs[0].AfterRestart {
+		t.Errorf("gone %+v, want a, on an event", imgs)
 	}
 	// A broken stream is subscribed again, with a look for what happened
 	// meanwhile (a runtime wiped while it was down).
-	w.Watch([]Image{a})
-	rt.set(a.Ref, "")
-	ev.fail <- errors.New("transport is closing")
-	<-rt.listed
-	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
-		t.Errorf("gone %v, want a, found by the look after subscribing again", got)
+	_, before := rt.calls()
+	w.Watch([]Image{b}) // asks about b once: a was deleted since the last Watch
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, n := rt.calls(); n > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Watch after a deletion did not ask about the new set")
+		}
+		time.Sleep(time.Millisecond)
 	}
-	cancel()
-	<-done
-	if lists, _ := rt.calls(); lists != 2 {
-		t.Errorf("%d ListImages calls, want 2: one per subscription, none while events flow", lists)
+	ev.fail <- errors.New("transport is closing")
+	rt.set(b.Ref, "")
+	<-subscribed
+	select {
+	case imgs := <-g:
+		if len(imgs) != 1 || imgs[0].Name != b.Name || !imgs[0].AfterRestart {
+			t.Errorf("gone %+v, want b, found by the look after subscribing again (AfterRestart)", imgs)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("b not reported after subscribing again")
+	}
+	if lists, _ := rt.calls(); lists != 0 {
+		t.Errorf("%d ListImages calls, want none: events say when to look", lists)
 	}
 }
 
-// A runtime without events (CRI-O) is listed every interval.
+// A runtime without events (CRI-O) is listed every interval; a change of
+// the list makes the watcher ask ImageStatus.
 func TestPollWithoutEvents(t *testing.T) {
 	rt := newRuntime()
-	rt.listed = make(chan struct{}, 10)
+	rt.listed = make(chan struct{}, 100)
 	ev := &events{unsupported: true}
 	g := make(gone, 10)
 	w := &Watcher{Runtime: rt, Events: ev, Interval: time.Millisecond, Log: discard, Gone: g.report}
@@ -252,7 +292,7 @@ func TestPollWithoutEvents(t *testing.T) {
 }
 
 // The cost where there is no event stream: one ListImages per interval,
-// nothing else while nothing is removed. At DefaultInterval, 6 a minute.
+// nothing else while the list does not change. At DefaultInterval, 6 a minute.
 func BenchmarkPollCost(b *testing.B) {
 	rt := newRuntime()
 	w := &Watcher{Runtime: rt, Log: discard, Gone: func([]Image) {}}
@@ -263,8 +303,10 @@ func BenchmarkPollCost(b *testing.B) {
 		set = append(set, Image{Name: ref, Ref: ref, ID: "sha256:" + ref})
 	}
 	w.Watch(set)
+	w.poll(context.Background())
+	<-w.wakeup() // the first listing asks for a look
 	for b.Loop() {
-		w.look(context.Background())
+		w.poll(context.Background())
 	}
 	lists, statuses := rt.calls()
 	perMinute := float64(lists+statuses) / float64(b.N) * float64(time.Minute/DefaultInterval)

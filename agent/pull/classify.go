@@ -47,6 +47,10 @@ const (
 	// ReasonRemoved: the image was present, and left the node since
 	// (agent/presence); watch pulls it again.
 	ReasonRemoved = "Removed"
+	// ReasonRemovedByGC: the image was removed again after watch pulled
+	// it back; the node's image GC keeps removing it, and its re-download
+	// is held back (agent/gcguard).
+	ReasonRemovedByGC = "RemovedByGC"
 )
 
 // Verdict is what Explain makes of an error.

@@ -90,7 +90,12 @@ type Config struct {
 	// Waiting, when set, is called with the results of the ImageStatus
 	// pass just before a slot is asked for, when something needs pulling:
 	// watch uses it to tell the truth about a missing image while it waits.
-	Waiting  func(results []Result)
+	Waiting func(results []Result)
+	// Hold, when set, is asked about each image the ImageStatus pass did
+	// not find: true keeps it from being pulled, with the Reason and
+	// Message Hold set (watch: an image the node's image GC keeps
+	// removing, agent/gcguard).
+	Hold     func(r *Result) bool
 	Creds    Credentials
 	Observer Observer
 	Log      *slog.Logger
@@ -237,9 +242,13 @@ func (p *Puller) Run(ctx context.Context, entries []imagelist.Entry, policy v1al
 	}
 	var todo []int
 	for i, e := range entries {
-		if e.Err == nil && (pullAnyway[i] || !results[i].Present) {
-			todo = append(todo, i)
+		if e.Err != nil || results[i].Present && !pullAnyway[i] {
+			continue
 		}
+		if !results[i].Present && p.cfg.Hold != nil && p.cfg.Hold(&results[i]) {
+			continue
+		}
+		todo = append(todo, i)
 	}
 	if len(todo) == 0 {
 		return results

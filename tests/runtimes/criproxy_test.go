@@ -3,6 +3,7 @@ package runtimes_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -14,8 +15,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-
-	"github.com/image-prefetcher/image-prefetcher/agent/ingest"
 )
 
 // criProxy sits between the agent and a runtime's socket, forwards every
@@ -96,8 +95,25 @@ func startCRIProxy(t *testing.T, backendSocket string) *criProxy {
 
 // rawCodec passes messages through as they are, as application/grpc, the
 // content type of generated clients: CRI-O 1.34 resets the connection of a
-// request sent as application/grpc+proto (ingest.RawCodec's name).
-type rawCodec struct{ ingest.RawCodec }
+// request sent as application/grpc+proto.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	b, ok := v.([]byte)
+	if !ok {
+		return nil, fmt.Errorf("raw codec: cannot marshal %T", v)
+	}
+	return b, nil
+}
+
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	p, ok := v.(*[]byte)
+	if !ok {
+		return fmt.Errorf("raw codec: cannot unmarshal into %T", v)
+	}
+	*p = append((*p)[:0], data...)
+	return nil
+}
 
 func (rawCodec) Name() string { return "" }
 

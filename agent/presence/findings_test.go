@@ -1,0 +1,101 @@
+package presence
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+// startFollowing runs a watcher of rt over an event stream, and returns
+// it, the stream, what it reports, and a channel that gets a token each
+// time the watcher has subscribed.
+func startFollowing(t *testing.T, rt *runtime, set []Image) (*Watcher, *events, gone, chan struct{}) {
+	t.Helper()
+	subscribed := make(chan struct{}, 10)
+	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed}
+	g := make(gone, 10)
+	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
+	w.Watch(set)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	<-subscribed
+	return w, ev, g, subscribed
+}
+
+// noReport fails when something is reported within a short while.
+func (g gone) noReport(t *testing.T) {
+	t.Helper()
+	select {
+	case imgs := <-g:
+		t.Errorf("reported gone: %v", imgs)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// Issue 38, finding 1: an image removed while a check runs, before the
+// check hands its set over, is reported once the set arrives.
+func TestRemovalDuringACheckIsReported(t *testing.T) {
+	rt := newRuntime()
+	w, ev, g, _ := startFollowing(t, rt, []Image{b})
+	// The check found a present; the kubelet removes it before the check
+	// ends. The stream hands events over one by one: once the second is
+	// taken, the first was handled.
+	rt.set(a.Ref, "")
+	ev.names <- a.Name
+	ev.names <- "docker.io/library/unrelated:1"
+	w.Watch([]Image{a, b})
+	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
+		t.Errorf("gone %v, want a", got)
+	}
+}
+
+// Issue 38, finding 2: when the look after subscribing again fails
+// (containerd still starting after a restart), it is tried again.
+func TestFailedLookAfterResubscribeIsRetried(t *testing.T) {
+	rt := newRuntime()
+	_, ev, g, subscribed := startFollowing(t, rt, []Image{a})
+	// containerd restarts, and comes back without a.
+	rt.failAll(errors.New("connection refused"))
+	rt.set(a.Ref, "")
+	ev.fail <- errors.New("transport is closing")
+	<-subscribed
+	rt.waitFailed(t)
+	rt.failAll(nil)
+	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
+		t.Errorf("gone %v, want a", got)
+	}
+}
+
+// Issue 38, finding 3: an entry repo:tag@digest is recorded by containerd
+// as repo@digest; deleting that record is a removal.
+func TestDigestWithTagRemoved(t *testing.T) {
+	pinned := Image{Name: "docker.io/library/c:1@sha256:ccc", Ref: "docker.io/library/c:1@sha256:ccc", ID: "sha256:c1"}
+	rt := newRuntime()
+	rt.set(pinned.Ref, pinned.ID)
+	_, ev, g, _ := startFollowing(t, rt, []Image{pinned})
+	rt.set(pinned.Ref, "")
+	ev.names <- "docker.io/library/c@sha256:ccc"
+	if got := g.next(t); !slices.Equal(got, []string{pinned.Name}) {
+		t.Errorf("gone %v, want %s", got, pinned.Name)
+	}
+}
+
+// Issue 38, finding 5: a tag that moved to another image deletes the old
+// image's ID; the tag still resolves, so nothing is removed.
+func TestMovedTagIsNoRemoval(t *testing.T) {
+	rt := newRuntime()
+	_, ev, g, _ := startFollowing(t, rt, []Image{a})
+	rt.set(a.Ref, "sha256:newer")
+	ev.names <- a.ID
+	g.noReport(t)
+}

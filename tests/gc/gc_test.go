@@ -1,0 +1,163 @@
+// Package gc_test checks that the agent never fights the kubelet's image
+// GC (issue 38) on a real kubelet and Debian's containerd 1.6.20, which
+// cannot pin: the label turns failed within 15 s of the first removal,
+// each image is downloaded again at most once over three GC passes (the
+// registry's own request log), and status says why.
+//
+// GC passes are triggered on demand: an unlisted 48 MiB image pulled on
+// the node's 192 MiB image store crosses evictionHard imagefs.available
+// 45%, and the eviction manager runs the image GC at once (the periodic
+// 5-minute loop stays off, thresholds 100/99).
+package gc_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
+	"github.com/image-prefetcher/image-prefetcher/agent/pull"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
+	"github.com/image-prefetcher/image-prefetcher/tests/ociimage"
+	"github.com/image-prefetcher/image-prefetcher/tests/registry"
+)
+
+const labelDomain = "image-prefetcher.stackrox.io/"
+
+var c *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(cluster.RunMain(m, cluster.Options{
+		Deploys:         true,
+		Nodes:           1,
+		NodeRuntime:     func(int) cluster.Runtime { return cluster.Containerd16 },
+		ImageStoreBytes: 192 << 20,
+		KubeletConfig: map[string]any{
+			"evictionHard": map[string]string{
+				"imagefs.available":  "45%",
+				"nodefs.available":   "1%",
+				"nodefs.inodesFree":  "1%",
+				"imagefs.inodesFree": "1%",
+			},
+			"evictionPressureTransitionPeriod": "5s",
+			"imageMinimumGCAge":                "1s",
+			"imageMaximumGCAge":                "2m",
+		},
+	}, &c))
+}
+
+func TestGCIsNotFought(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	node := c.Nodes()[0]
+	const name, repo = "gc", "e2e/gc"
+	image := "ghcr.io/" + repo + ":v1"
+	if err := c.PushPause(ctx, repo+":v1", "64000:64000"); err != nil {
+		t.Fatal(err)
+	}
+	big, err := ociimage.Data(960, 48<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Push(ctx, big, "e2e/gc-filler:v1"); err != nil {
+		t.Fatal(err)
+	}
+	// The function's default rendering: no spec.disk, no spec.pin.
+	p := cluster.Prefetcher{Name: name, Namespace: name, AgentImage: c.AgentImage(t), Spec: "  images:\n  - " + image + "\n  priorityClassName: system-node-critical\n"}
+	manifests, err := p.Render(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	key := labelDomain + name
+	reason := func(n *corev1.Node) string {
+		s, _ := label.Parse(n.Annotations[key])
+		if len(s.Failed) != 1 {
+			return ""
+		}
+		return s.Failed[0].Reason
+	}
+	if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool { return n.Labels[key] == "succeeded" }); err != nil {
+		c.DumpLogs(t)
+		t.Fatal(err)
+	}
+	blobGets := func() int {
+		n := 0
+		for _, r := range c.Registry().Requests(registry.Match{Repo: repo}) {
+			if r.Method == "GET" && strings.Contains(r.Path, "/blobs/") {
+				n++
+			}
+		}
+		return n
+	}
+	first := blobGets()
+
+	// gcPass pulls the unlisted filler: the eviction manager's image GC
+	// removes it and every unused image, then the pressure clears.
+	gcPass := func(i int) {
+		t.Helper()
+		if err := node.Pull(ctx, "ghcr.io/e2e/gc-filler:v1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.Poll(ctx, 100*time.Millisecond, "the GC pass", func() (bool, string) {
+			return !present(t, node, "ghcr.io/e2e/gc-filler:v1"), "filler still there"
+		}); err != nil {
+			c.DumpLogs(t)
+			t.Fatalf("pass %d: %v", i, err)
+		}
+	}
+	wantFailed := func(i int, want string) {
+		t.Helper()
+		start := time.Now()
+		if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool { return reason(n) == want }); err != nil {
+			c.DumpLogs(t)
+			t.Fatalf("pass %d: label not failed (%s): %v", i, want, err)
+		}
+		t.Logf("pass %d: labeled %s %.1fs after the GC pass ended", i, want, time.Since(start).Seconds())
+		if d := time.Since(start); d > 15*time.Second {
+			t.Errorf("pass %d: labeled %s %s after the removal, want within 15s", i, want, d)
+		}
+	}
+
+	gcPass(1)
+	wantFailed(1, pull.ReasonRemoved)
+	if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool { return n.Labels[key] == "succeeded" }); err != nil {
+		t.Fatalf("the first removal is not repaired: %v", err)
+	}
+	gcPass(2)
+	wantFailed(2, pull.ReasonRemovedByGC)
+	gcPass(3)
+	wantFailed(3, pull.ReasonRemovedByGC)
+
+	again := blobGets() - first
+	t.Logf("blob GETs of %s: %d for the first download, %d after it, over three GC passes", repo, first, again)
+	if first == 0 || again > first {
+		t.Errorf("%d blob GETs after the first download (%d): want at most one download again", again, first)
+	}
+	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", name).CombinedOutput()
+	if !strings.Contains(string(out), "image GC keeps removing") {
+		t.Errorf("status (%v) does not say why the image stays away:\n%s", err, out)
+	}
+}
+
+// present tells whether ref is on the node, by the kubelet's question.
+func present(t *testing.T, n *cluster.Node, ref string) bool {
+	t.Helper()
+	cri, err := n.CRI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cri.Close()
+	st, err := cri.Images.ImageStatus(context.Background(), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.GetImage() != nil
+}
