@@ -178,6 +178,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("create run directory under %s: %w", opts.BaseDir, err)
 		}
 	}
+	if err := checkRoom(dir); err != nil {
+		_ = os.Remove(dir)
+		return nil, err
+	}
 	c := &Cluster{
 		opts:    opts,
 		ID:      filepath.Base(dir),
