@@ -133,8 +133,8 @@ func (f *agentFlags) validate() error {
 	if f.statusTimeout <= 0 {
 		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--image-list-timeout must be positive")}
 	}
-	if v1alpha1.ReservedTaint(f.startupTaint.key) {
-		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--startup-taint %q: Kubernetes sets and removes taints with this key itself (node conditions, cloud provider, control plane); use a key of your own", f.startupTaint.key)}
+	if owner := v1alpha1.TaintOwner(f.startupTaint.key); owner != "" {
+		return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--startup-taint %q: %s sets and removes taints with this key; use a key of your own", f.startupTaint.key, owner)}
 	}
 	if err := f.pin.validate(); err != nil {
 		return err

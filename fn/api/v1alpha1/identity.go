@@ -64,7 +64,3 @@ func TaintOwner(key string) string {
 	}
 	return ""
 }
-
-// ReservedTaint reports whether another controller owns taints with key,
-// so that a startup taint may not have it.
-func ReservedTaint(key string) bool { return TaintOwner(key) != "" }
