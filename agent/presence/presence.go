@@ -7,18 +7,16 @@
 // pods use find an image? Anything else is only a reason to ask now. On
 // containerd that reason is an image deletion on the event stream (CRI
 // socket, namespace k8s.io): no call at all while nothing is deleted. On
-// CRI-O, which has no stream, it is a change in the runtime's image list,
-// listed every Interval (10 s: 6 calls a minute while idle).
+// CRI-O, which has no stream, it is a watched image's ID missing from the
+// runtime's image list, listed every Interval (10 s: 6 calls a minute while
+// idle, and no look after a check's own pulls add images).
 package presence
 
 import (
 	"context"
 	"errors"
-	"hash/fnv"
 	"log/slog"
 	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -84,8 +82,6 @@ type Watcher struct {
 	// looks since then asked about the old set; the new one is asked
 	// about at once (a removal during a check).
 	changed bool
-	// listing is a digest of the last image list (without events).
-	listing uint64
 	// restarted: the stream came back after breaking, and no look has
 	// succeeded since.
 	restarted bool
@@ -217,9 +213,12 @@ func (w *Watcher) follow(ctx context.Context) bool {
 	}
 }
 
-// poll lists the runtime's images, and asks for a look when the list
-// changed since the last time (or on the first). A failed listing is
-// tried at the next tick.
+// poll lists the runtime's images, and asks for a look when the ID of a
+// watched image is no longer listed: the kubelet's GC and a wipe remove
+// images by ID, and a moved tag drops the old ID (the look then finds the
+// new one). Images the list gains, as a check's own pulls add them, cost
+// nothing. An untag that leaves the image under another name is found by
+// the next check. A failed listing is tried at the next tick.
 func (w *Watcher) poll(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(ctx, callTimeout)
 	list, err := w.Runtime.ListImages(lctx)
@@ -230,29 +229,16 @@ func (w *Watcher) poll(ctx context.Context) {
 		}
 		return
 	}
-	sum := digest(list)
+	listed := make(map[string]bool, len(list))
+	for _, img := range list {
+		listed[img.ID] = true
+	}
 	w.mu.Lock()
-	changed := sum != w.listing
-	w.listing = sum
+	missing := slices.ContainsFunc(w.set, func(img Image) bool { return !listed[img.ID] })
 	w.mu.Unlock()
-	if changed {
+	if missing {
 		w.trigger()
 	}
-}
-
-// digest sums what the runtime lists: IDs, tags and digests.
-func digest(list []cri.ListedImage) uint64 {
-	var names []string
-	for _, img := range list {
-		names = append(names, img.ID+"\x00"+strings.Join(img.Names, "\x00"))
-	}
-	sort.Strings(names)
-	h := fnv.New64a()
-	for _, n := range names {
-		h.Write([]byte(n))
-		h.Write([]byte{1})
-	}
-	return h.Sum64() | 1 // never 0, the digest before the first listing
 }
 
 // look asks ImageStatus for each image of the set by the reference the
@@ -266,6 +252,7 @@ func (w *Watcher) look(ctx context.Context) error {
 	restarted := w.restarted
 	w.mu.Unlock()
 	gone := map[string]bool{}
+	moved := map[string]string{}
 	var first error
 	for _, img := range set {
 		sctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -276,8 +263,19 @@ func (w *Watcher) look(ctx context.Context) error {
 			first = err
 		case err == nil && info == nil:
 			gone[img.Name] = true
+		case err == nil && info.ID != img.ID:
+			moved[img.Name] = info.ID
 		}
 	}
+	// The reference now finds another image: watch that one, so that the
+	// old ID missing from the list asks for no more looks.
+	w.mu.Lock()
+	for i, img := range w.set {
+		if id, ok := moved[img.Name]; ok {
+			w.set[i].ID = id
+		}
+	}
+	w.mu.Unlock()
 	if first == nil && restarted {
 		w.mu.Lock()
 		w.restarted = false

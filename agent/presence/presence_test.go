@@ -303,12 +303,56 @@ func BenchmarkPollCost(b *testing.B) {
 		set = append(set, Image{Name: ref, Ref: ref, ID: "sha256:" + ref})
 	}
 	w.Watch(set)
-	w.poll(context.Background())
-	<-w.wakeup() // the first listing asks for a look
 	for b.Loop() {
 		w.poll(context.Background())
 	}
 	lists, statuses := rt.calls()
 	perMinute := float64(lists+statuses) / float64(b.N) * float64(time.Minute/DefaultInterval)
 	b.ReportMetric(perMinute, "CRI-calls/min")
+}
+
+// Where there is no event stream, only a watched image's ID missing from
+// the list asks for a look (ImageStatus calls): not images the list gains,
+// as a check's own pulls add them, and a moved tag only once.
+func TestPollLooksOnlyWhenAWatchedIDIsMissing(t *testing.T) {
+	tests := []struct {
+		name      string
+		change    func(*runtime)
+		wantLooks []bool // per poll: whether it asked for a look
+	}{
+		{name: "idle", change: func(*runtime) {}, wantLooks: []bool{false, false}},
+		{name: "the list gains an image", change: func(r *runtime) { r.set("docker.io/library/c:1", "sha256:ccc") }, wantLooks: []bool{false, false}},
+		{name: "a watched image removed", change: func(r *runtime) { r.set(a.Ref, "") }, wantLooks: []bool{true}},
+		{name: "a watched tag moved", change: func(r *runtime) { r.set(a.Ref, "sha256:new") }, wantLooks: []bool{true, false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rt := newRuntime()
+			var gone []Image
+			w := &Watcher{Runtime: rt, Log: discard, Gone: func(imgs []Image) { gone = append(gone, imgs...) }}
+			w.Watch([]Image{a, b})
+			tt.change(rt)
+			for i, want := range tt.wantLooks {
+				w.poll(context.Background())
+				asked := false
+				select {
+				case <-w.wakeup():
+					asked = true
+					if err := w.look(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+				default:
+				}
+				if asked != want {
+					t.Errorf("poll %d asked for a look: %v, want %v", i+1, asked, want)
+				}
+			}
+			if tt.name == "a watched image removed" && (len(gone) != 1 || gone[0].Name != a.Name) {
+				t.Errorf("gone %v, want a", gone)
+			}
+			if tt.name != "a watched image removed" && len(gone) != 0 {
+				t.Errorf("gone %v, want nothing", gone)
+			}
+		})
+	}
 }
