@@ -235,6 +235,11 @@ func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
 		return nil, err
 	}
 	h.bw = NewBandwidth(opts.Capacity, opts.NodeCap)
+	maxN := 0
+	for _, c := range opts.Configs {
+		maxN = max(maxN, c.Nodes)
+	}
+	h.bw.SetNodeCaps(opts.pullCaps(maxN))
 	h.socket = filepath.Join(h.dir, "registry.sock")
 	l, err := net.Listen("unix", h.socket)
 	if err != nil {
@@ -273,7 +278,6 @@ func (h *harness) setup(ctx context.Context) error {
 	for i := range names {
 		names[i] = cluster.NodeName(i)
 	}
-	h.bw.SetNodeCaps(h.opts.pullCaps(maxN))
 	t := time.Now()
 	if err := h.c.CreateNodes(ctx, names, map[string]string{"kubernetes.io/os": "linux"}, 16); err != nil {
 		return err
