@@ -27,9 +27,10 @@ import (
 // its first pass under pressure only sees the unlisted image for the first
 // time (too young for imageMinimumGCAge), and would evict any other pod.
 //
-// The pin budget is the default, a share of the image filesystem: the
-// agent reads its capacity through the read-only mount the function
-// renders from spec.disk.imageFilesystem (the node's containerd root).
+// The function's default rendering (no spec.disk, no spec.pin): the pin
+// budget is a share of the image filesystem, whose capacity the agent
+// reads from the kubelet's stats summary; nothing of the node is mounted.
+// Two GC passes, each removing an unlisted image, leave the set pinned.
 func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	rt := node(t)
 	n := c.Nodes()[0]
@@ -42,7 +43,7 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	}
 	run := "ghcr.io/e2e/gc-run:v1"
 	refs = append(refs, run)
-	c.Deploy(t, "gc", list(refs...)+"  disk:\n    imageFilesystem: "+n.ImageStore()+"\n  priorityClassName: system-node-critical\n")
+	c.Deploy(t, "gc", list(refs...)+"  priorityClassName: system-node-critical\n")
 	s := waitSummary(t, "gc", "succeeded", 3*time.Minute, func(s label.Summary) bool { return s.Pins != nil && s.Pins.Images == len(refs) })
 	capacity, _, err := n.ImageStoreUsage()
 	if err != nil {
@@ -57,23 +58,30 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 		rt.pinned(t, r, true)
 	}
 
-	unlisted := c.PushData(t, 950, 48<<20, "gc-unlisted")[0]
 	labels := nodeLabels(t, labelDomain+"gc")
-	start := time.Now()
-	if err := n.Pull(ctx, unlisted); err != nil {
-		t.Fatal(err)
-	}
-	unlistedID := rt.status(t, unlisted).GetId()
-	if err := cluster.Poll(ctx, 500*time.Millisecond, "the kubelet's image GC to remove "+unlisted, func() (bool, string) {
-		return rt.status(t, unlisted) == nil, "still there"
-	}); err != nil {
-		c.DumpLogs(t)
-		t.Fatal(err)
-	}
-	removedAt := time.Now()
-	t.Logf("the kubelet removed the unlisted image %.1fs after its pull", removedAt.Sub(start).Seconds())
-	for _, r := range refs {
-		rt.pinned(t, r, true)
+	var unlistedIDs []string
+	var removedAt time.Time
+	for i, name := range []string{"gc-unlisted", "gc-unlisted-2"} {
+		unlisted := c.PushData(t, int64(950+i), 48<<20, name)[0]
+		if _, err := c.WaitNode(ctx, n.Name, func(n *corev1.Node) bool { return !condition(n, corev1.NodeDiskPressure) }); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := n.Pull(ctx, unlisted); err != nil {
+			t.Fatal(err)
+		}
+		unlistedIDs = append(unlistedIDs, rt.status(t, unlisted).GetId())
+		if err := cluster.Poll(ctx, 500*time.Millisecond, "the kubelet's image GC to remove "+unlisted, func() (bool, string) {
+			return rt.status(t, unlisted) == nil, "still there"
+		}); err != nil {
+			c.DumpLogs(t)
+			t.Fatal(err)
+		}
+		removedAt = time.Now()
+		t.Logf("the kubelet removed the unlisted image %s %.1fs after its pull", unlisted, removedAt.Sub(start).Seconds())
+		for _, r := range refs {
+			rt.pinned(t, r, true)
+		}
 	}
 
 	// The kubelet's own account: each pass, and each image it removed.
@@ -90,10 +98,13 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 			removed = append(removed, l)
 		}
 	}
-	if len(removed) != 1 || !strings.Contains(removed[0], unlistedID) {
-		t.Errorf("the kubelet removed %q, want only the unlisted image %s", removed, unlistedID)
+	if len(removed) != 2 || !strings.Contains(removed[0], unlistedIDs[0]) || !strings.Contains(removed[1], unlistedIDs[1]) {
+		t.Errorf("the kubelet removed %q, want only the unlisted images %s", removed, unlistedIDs)
 	}
-	t.Logf("%d image GC passes under imagefs pressure; removed: %s", passes, unlistedID)
+	if passes < 2 {
+		t.Errorf("%d image GC passes, want at least 2", passes)
+	}
+	t.Logf("%d image GC passes under imagefs pressure; removed: %s", passes, unlistedIDs)
 
 	// A pod that selects the label, as users schedule, once the kubelet
 	// admits pods again (no DiskPressure).

@@ -1,0 +1,58 @@
+package crio_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// With the default rendering (no spec.disk.imageFilesystem, nothing of the
+// node mounted), the agent on CRI-O knows the image filesystem's figures,
+// the kubelet's own, and its ceiling holds pulls back: at 1%, below what
+// the node's disk already holds, no pull starts.
+func TestCRIODiskFiguresAndCeiling(t *testing.T) {
+	refs := images(t, 720, "crio-disk")
+	deploy(t, "crio-disk", list(refs...)+"  disk:\n    ceilingPercent: 1\n")
+	s := waitLabel(t, "crio-disk", "failed", 3*time.Minute)
+	if len(s.Failed) != 1 || s.Failed[0].Reason != "InsufficientDisk" {
+		t.Errorf("failures %+v, want %s refused for InsufficientDisk", s.Failed, refs[0])
+	}
+	if present(t, refs[0]) {
+		t.Errorf("%s was pulled above the ceiling", refs[0])
+	}
+	kubelet := kubeletImageFsCapacity(t)
+	if d := s.Disk; d == nil || d.Unknown != "" || d.CapacityBytes != kubelet || d.CeilingPercent != 1 {
+		t.Errorf("annotation's disk %+v, want the kubelet's capacity of %d bytes and the ceiling of 1%%", d, kubelet)
+	}
+	t.Logf("disk %+v; %s", s.Disk, s.Failed[0].Message)
+}
+
+// kubeletImageFsCapacity reads the kubelet's image filesystem capacity
+// from its stats summary, as the admin, through the apiserver.
+func kubeletImageFsCapacity(t *testing.T) uint64 {
+	t.Helper()
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", c.Nodes()[0].Name, "proxy", "stats", "summary").DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var summary struct {
+		Node struct {
+			Runtime struct {
+				ImageFs struct {
+					CapacityBytes uint64 `json:"capacityBytes"`
+				} `json:"imageFs"`
+			} `json:"runtime"`
+		} `json:"node"`
+	}
+	if err := json.Unmarshal(raw, &summary); err != nil {
+		t.Fatal(err)
+	}
+	return summary.Node.Runtime.ImageFs.CapacityBytes
+}
