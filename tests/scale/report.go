@@ -37,11 +37,12 @@ type Report struct {
 	BeforeLabel, AfterLabel string `json:"-"`
 }
 
-// Targets of issue 27, checked on the runs at the largest node count.
+// Targets of issue 34, checked on the runs at the largest node count. The
+// time to the last label is reported, not targeted: with pulls of real
+// length the hand-over is under 1% of a slot.
 const (
 	targetPerWaiterMinute = 1.0
 	targetHandOverP99     = 3 * time.Second
-	targetRatio           = 1.1
 	targetBackoff         = 0.5
 	targetShrinkIdle      = 30 * time.Second
 	// targetRefill: a waiter's pause after failed calls grows to 30 s,
@@ -211,7 +212,6 @@ func (r Report) Checks() []Check {
 			} else {
 				out = append(out, check(n, hoTarget, ms(run.HandOverP99), run.HandOverP99 <= targetHandOverP99))
 			}
-			out = append(out, check(n, fmt.Sprintf("last label ≤ %.1f× ideal", targetRatio), fmt.Sprintf("%.2f×", run.Ratio()), run.Ratio() <= targetRatio))
 		}
 	}
 	return out
