@@ -48,8 +48,8 @@ func Test13Status(t *testing.T) {
 	// cannot pin.
 	owner := d.Namespace + "/" + d.Name
 	want := map[string][]string{
-		one.Name: {one.Name, d.Name, "succeeded", owner, "2/2", "pinning", "unsupported", "-"},
-		two.Name: {two.Name, d.Name, "failed", owner, "1/2", "pinning", "unsupported", refs[1], "(NotFound)"},
+		one.Name: {one.Name, d.Name, "succeeded", owner, "2/2", "pinning", "unsupported", "unknown:", "no", "ceiling", "-"},
+		two.Name: {two.Name, d.Name, "failed", owner, "1/2", "pinning", "unsupported", "unknown:", "no", "ceiling", refs[1], "(NotFound)"},
 	}
 	for node, w := range want {
 		if fmt.Sprint(rows[node]) != fmt.Sprint(w) {
@@ -69,7 +69,7 @@ func Test13Status(t *testing.T) {
 	}
 	rows = statusRows(out)
 	for _, n := range c.Nodes() {
-		if w := []string{n.Name, d.Name, "succeeded", owner, "2/2", "pinning", "unsupported", "-"}; fmt.Sprint(rows[n.Name]) != fmt.Sprint(w) {
+		if w := []string{n.Name, d.Name, "succeeded", owner, "2/2", "pinning", "unsupported", "unknown:", "no", "ceiling", "-"}; fmt.Sprint(rows[n.Name]) != fmt.Sprint(w) {
 			t.Errorf("status row for %s = %q, want %q; output:\n%s", n.Name, rows[n.Name], w, out)
 		}
 	}

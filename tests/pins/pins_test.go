@@ -144,6 +144,8 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	if seen := labels(); strings.Join(seen, ",") != "succeeded" {
 		t.Errorf("the label took the values %v from the unlisted pull to the hit, want succeeded throughout", seen)
 	}
+	// Its pins would take the node's budget from the tests after it.
+	uninstall(t, "gc")
 }
 
 // statusShowsBudget asserts that status shows the budget the node's agent
