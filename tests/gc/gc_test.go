@@ -13,11 +13,14 @@ package gc_test
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
@@ -99,6 +102,35 @@ func TestGCIsNotFought(t *testing.T) {
 	}
 	first := blobGets()
 
+	// Every reason the node's annotation takes, from a watch started
+	// before the first pass: a removal repaired within a second may have
+	// come and gone before a wait that starts after the pass could see it.
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + node.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var mu sync.Mutex
+	var reasons []string
+	go func() {
+		for ev := range w.ResultChan() {
+			if n, ok := ev.Object.(*corev1.Node); ok {
+				mu.Lock()
+				reasons = append(reasons, reason(n))
+				mu.Unlock()
+			}
+		}
+	}()
+	seen := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(reasons)
+	}
+
 	// gcPass pulls the unlisted filler: the eviction manager's image GC
 	// removes it and every unused image, then the pressure clears.
 	gcPass := func(i int) {
@@ -113,10 +145,25 @@ func TestGCIsNotFought(t *testing.T) {
 			t.Fatalf("pass %d: %v", i, err)
 		}
 	}
-	wantFailed := func(i int, want string) {
+	// wantFailed waits until the reason was want since the pass began
+	// (from: seen() then), or is want now (a label already failed that the
+	// pass leaves as it is).
+	wantFailed := func(i int, want string, from int) {
 		t.Helper()
 		start := time.Now()
-		if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool { return reason(n) == want }); err != nil {
+		if err := cluster.Poll(ctx, 50*time.Millisecond, "reason "+want, func() (bool, string) {
+			mu.Lock()
+			since := slices.Clone(reasons[from:])
+			mu.Unlock()
+			if slices.Contains(since, want) {
+				return true, ""
+			}
+			n, err := cs.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return reason(n) == want, "reasons since the pass " + strings.Join(since, ",")
+		}); err != nil {
 			c.DumpLogs(t)
 			t.Fatalf("pass %d: label not failed (%s): %v", i, want, err)
 		}
@@ -126,15 +173,18 @@ func TestGCIsNotFought(t *testing.T) {
 		}
 	}
 
+	from := seen()
 	gcPass(1)
-	wantFailed(1, pull.ReasonRemoved)
+	wantFailed(1, pull.ReasonRemoved, from)
 	if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool { return n.Labels[key] == "succeeded" }); err != nil {
 		t.Fatalf("the first removal is not repaired: %v", err)
 	}
+	from = seen()
 	gcPass(2)
-	wantFailed(2, pull.ReasonRemovedByGC)
+	wantFailed(2, pull.ReasonRemovedByGC, from)
+	from = seen()
 	gcPass(3)
-	wantFailed(3, pull.ReasonRemovedByGC)
+	wantFailed(3, pull.ReasonRemovedByGC, from)
 
 	again := blobGets() - first
 	t.Logf("blob GETs of %s: %d for the first download, %d after it, over three GC passes", repo, first, again)
