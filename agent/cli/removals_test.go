@@ -17,15 +17,7 @@ import (
 // A removal turns the label failed (Removed) at once and asks for a check;
 // a check that looked before the removal does not turn it back.
 func TestRemovalsKeepTheLabelTruthful(t *testing.T) {
-	e := newEnv(t)
-	owner := label.NewOwner(testNamespace, testInstance)
-	log := slog.New(slog.DiscardHandler)
-	a := &agent{log: log, events: &events.Recorder{Log: log},
-		labeler: &label.Labeler{Nodes: clientset.Wrap(e.kube).Nodes(), Node: testNode, Key: testKey, Owner: &owner, Log: log}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	r := &removals{a: a, ctx: ctx, repair: make(chan struct{}, 1), gone: map[string]time.Time{},
-		watcher: &presence.Watcher{Log: log}}
+	e, _, r, ctx := newRemovals(t)
 
 	present := func() []pull.Result {
 		return []pull.Result{
@@ -85,16 +77,7 @@ func TestRemovalsKeepTheLabelTruthful(t *testing.T) {
 // keeps removing: the label says RemovedByGC, and the next checks do not
 // pull it while the hold lasts. A one-off removal is repaired.
 func TestRemovalsStopFightingTheGC(t *testing.T) {
-	e := newEnv(t)
-	owner := label.NewOwner(testNamespace, testInstance)
-	log := slog.New(slog.DiscardHandler)
-	a := &agent{log: log, events: &events.Recorder{Log: log},
-		labeler: &label.Labeler{Nodes: clientset.Wrap(e.kube).Nodes(), Node: testNode, Key: testKey, Owner: &owner, Log: log}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	r := &removals{a: a, ctx: ctx, repair: make(chan struct{}, 1), gone: map[string]time.Time{},
-		watcher: &presence.Watcher{Log: log}}
-	a.removals = r
+	e, a, r, ctx := newRemovals(t)
 	const app = "docker.io/library/app:1"
 	result := func(present, pulled bool) []pull.Result {
 		res := pull.Result{Image: "app:1", Normalized: app, Ref: app, Present: present, Pulled: pulled, ID: "sha256:a"}
@@ -150,4 +133,20 @@ func TestRemovalsStopFightingTheGC(t *testing.T) {
 	if msg := s.Failed[0].Message; !strings.Contains(msg, "image GC keeps removing") || !strings.Contains(msg, "pinning") {
 		t.Errorf("message %q does not say why and what would keep it", msg)
 	}
+}
+
+// newRemovals is an agent labeling the fake node, with its removals
+// tracker; ctx ends with the test.
+func newRemovals(t *testing.T) (*env, *agent, *removals, context.Context) {
+	e := newEnv(t)
+	owner := label.NewOwner(testNamespace, testInstance)
+	log := slog.New(slog.DiscardHandler)
+	a := &agent{log: log, events: &events.Recorder{Log: log},
+		labeler: &label.Labeler{Nodes: clientset.Wrap(e.kube).Nodes(), Node: testNode, Key: testKey, Owner: &owner, Log: log}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r := &removals{a: a, ctx: ctx, repair: make(chan struct{}, 1), gone: map[string]time.Time{},
+		watcher: &presence.Watcher{Log: log}}
+	a.removals = r
+	return e, a, r, ctx
 }

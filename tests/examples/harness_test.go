@@ -287,3 +287,18 @@ func (tl tools) readmeDocuments(t *testing.T, rel, cmd string) {
 		t.Errorf("%s does not show the command the test runs:\n  %s", rel, cmd)
 	}
 }
+
+// writeTree writes files (path relative to dir -> content) under dir,
+// creating the directories they need.
+func writeTree(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -128,15 +128,7 @@ func (p inplacePackage) write(t *testing.T, dir string, previous inplacePackage)
 			}
 		}
 	}
-	for name, content := range files {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeTree(t, dir, files)
 }
 
 // check asserts that dir holds exactly the package's sources and what its

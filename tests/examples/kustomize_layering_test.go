@@ -1,8 +1,6 @@
 package examples_test
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -63,15 +61,7 @@ spec:
 		"top/fn.yaml":            execFunction,
 	}
 	root := t.TempDir()
-	for name, content := range files {
-		p := filepath.Join(root, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeTree(t, root, files)
 	hash := regexp.MustCompile(`^(ConfigMap prefetch/image-prefetcher-b\.images)-[a-z0-9]{10}$`)
 	for _, tc := range []struct {
 		dir       string
@@ -146,15 +136,7 @@ func TestKustomizeLayersRefused(t *testing.T) {
 		"prefixed/kustomization.yaml": "namePrefix: x-\nresources:\n- ../base/web.yaml\ntransformers:\n- ../base/fn.yaml\n",
 	}
 	root := t.TempDir()
-	for name, content := range files {
-		p := filepath.Join(root, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeTree(t, root, files)
 	build := func(dir string) ([]byte, error) {
 		return tl.runErr(root, tl.env(), tl.kustomize, "build", "--enable-alpha-plugins", "--enable-exec", "--load-restrictor", "LoadRestrictionsNone", dir)
 	}
