@@ -35,23 +35,7 @@ const labelDomain = "image-prefetcher.stackrox.io/"
 var c *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(cluster.RunMain(m, cluster.Options{
-		Deploys:         true,
-		Nodes:           1,
-		NodeRuntime:     func(int) cluster.Runtime { return cluster.Containerd16 },
-		ImageStoreBytes: 192 << 20,
-		KubeletConfig: map[string]any{
-			"evictionHard": map[string]string{
-				"imagefs.available":  "45%",
-				"nodefs.available":   "1%",
-				"nodefs.inodesFree":  "1%",
-				"imagefs.inodesFree": "1%",
-			},
-			"evictionPressureTransitionPeriod": "5s",
-			"imageMinimumGCAge":                "1s",
-			"imageMaximumGCAge":                "2m",
-		},
-	}, &c))
+	os.Exit(cluster.RunMain(m, cluster.ImageGCOptions(cluster.Containerd16, "2m"), &c))
 }
 
 func TestGCIsNotFought(t *testing.T) {

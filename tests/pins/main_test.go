@@ -48,32 +48,11 @@ func TestMain(m *testing.M) {
 // gcOptions is one node of rt whose kubelet's image GC runs within a
 // test's time.
 func gcOptions(rt cluster.Runtime) cluster.Options {
-	return cluster.Options{
-		Deploys:         true,
-		Nodes:           1,
-		NodeRuntime:     func(int) cluster.Runtime { return rt },
-		ImageStoreBytes: 192 << 20,
-		// The agent reads the image filesystem's figures from the kubelet
-		// (nodes/stats), verifying its certificate against the cluster CA.
-		KubeletAuth: true,
-		KubeletConfig: map[string]any{
-			// As platform teams set it (issue 38): images unused for a
-			// minute go at the next pass, prefetched ones included unless
-			// pinned.
-			"imageMaximumGCAge": "1m",
-			// The eviction manager's image GC is the one that runs within
-			// a test's time; the periodic one stays off (100/99).
-			"evictionHard": map[string]string{
-				"imagefs.available":  "45%",
-				"nodefs.available":   "1%",
-				"nodefs.inodesFree":  "1%",
-				"imagefs.inodesFree": "1%",
-			},
-			"evictionPressureTransitionPeriod": "5s",
-			// 0 would mean the default, 2m.
-			"imageMinimumGCAge": "1s",
-		},
-	}
+	o := cluster.ImageGCOptions(rt, "1m")
+	// The agent reads the image filesystem's figures from the kubelet
+	// (nodes/stats), verifying its certificate against the cluster CA.
+	o.KubeletAuth = true
+	return o
 }
 
 // uninstall deletes the instance's DaemonSet, as deleting the rendered
