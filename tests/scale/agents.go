@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"runtime/pprof"
 	"strings"
@@ -47,10 +48,13 @@ type agentsSpec struct {
 	SeedKey   string `json:"seedKey"`
 	// LostAnswers is the share of takes, in percent, whose answer is lost:
 	// the apiserver makes the write, and the call times out.
-	LostAnswers int       `json:"lostAnswers"`
-	Images      []Image   `json:"images"`
-	Socket      string    `json:"socket"`
-	Agents      []agentID `json:"agents"`
+	LostAnswers int `json:"lostAnswers"`
+	// FailFirstList answers each agent's first Lease list 503 Service
+	// Unavailable, as an apiserver under load answers (a lone joiner).
+	FailFirstList bool      `json:"failFirstList,omitempty"`
+	Images        []Image   `json:"images"`
+	Socket        string    `json:"socket"`
+	Agents        []agentID `json:"agents"`
 	// CPUProfile, if set, receives the process's CPU profile.
 	CPUProfile string `json:"cpuProfile,omitempty"`
 	// Parallelism is the agent's --parallelism.
@@ -90,8 +94,9 @@ type event struct {
 // Event kinds.
 const (
 	evReady    = "ready"    // the process is set up
+	evStart    = "start"    // the agent started its fetch
 	evWait     = "wait"     // Hold called
-	evHold     = "hold"     // Hold returned a slot
+	evHold     = "hold"     // Hold returned a slot; Value is the agent's API requests until then
 	evRelease  = "release"  // Release called
 	evReleased = "released" // Release returned
 	evLost     = "lost"     // the slot was lost while held
@@ -102,6 +107,8 @@ const (
 	// was lost. Value is the slot's Lease.
 	evThrottled  = "throttled"
 	evAnswerLost = "answer-lost"
+	// A Lease list the harness answered 503 (FailFirstList).
+	evListFailed = "list-failed"
 )
 
 // MaybeRunAgents runs the agents process and exits when the environment
@@ -266,6 +273,9 @@ type simAgent struct {
 	ctx     context.Context
 	leave   context.CancelFunc
 	waiting atomic.Bool
+	// requests counts the agent's API requests, those the harness
+	// answered itself included.
+	requests atomic.Int64
 }
 
 func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[string]int64, transfers *transferClient, throttled *atomic.Bool, em *emitter, log *slog.Logger) (*simAgent, error) {
@@ -274,6 +284,8 @@ func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[str
 	// keeps client-go from sharing one cached connection among them. QPS
 	// and Burst stay unset, so the rate limiter is client-go's default,
 	// as in the agent.
+	a := &simAgent{id: id, em: em, log: log}
+	a.ctx, a.leave = context.WithCancel(ctx)
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	cfg := &rest.Config{
 		Host:            spec.Host,
@@ -281,14 +293,19 @@ func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[str
 		BearerToken:     id.Token,
 		UserAgent:       "image-prefetcher/scale",
 		Dial:            dialer.DialContext,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			return countingTransport{rt: rt, n: &a.requests}
+		},
 	}
 	kc, err := kube.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	a := &simAgent{id: id, em: em, log: log}
-	a.ctx, a.leave = context.WithCancel(ctx)
-	leases := faults{LeaseClient: kc.Leases(spec.Namespace), lost: spec.LostAnswers, throttled: throttled, emit: a.emit}
+	leases := faults{LeaseClient: kc.Leases(spec.Namespace), lost: spec.LostAnswers, throttled: throttled, emit: a.emit, requests: &a.requests}
+	if spec.FailFirstList {
+		leases.failList = &atomic.Bool{}
+		leases.failList.Store(true)
+	}
 	m := metrics.New()
 	gate, err := newGate(spec, id, leases, m, a, log)
 	if err != nil {
@@ -316,6 +333,7 @@ func (a *simAgent) emit(kind string, slot int, value string) {
 // run is fetch: pull the list, then label the node with the outcome. An
 // agent that left writes no label, as fetch terminated writes none.
 func (a *simAgent) run(entries []imagelist.Entry) {
+	a.emit(evStart, -1, "")
 	start := time.Now()
 	results := a.puller.Run(a.ctx, entries, "")
 	if a.ctx.Err() != nil {
@@ -336,14 +354,37 @@ type noCreds struct{}
 
 func (noCreds) Lookup(context.Context, string) []cri.Auth { return nil }
 
+// countingTransport counts an agent's requests to the apiserver.
+type countingTransport struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.rt.RoundTrip(req)
+}
+
 // faults is an agent's Lease client with the harness's faults: takes
-// answered 429 while throttled, and takes whose answer is lost (the write
-// is made, and the call times out).
+// answered 429 while throttled, takes whose answer is lost (the write is
+// made, and the call times out), and a first list answered 503 (failList,
+// if set, until then).
 type faults struct {
 	kube.LeaseClient
 	lost      int
 	throttled *atomic.Bool
+	failList  *atomic.Bool
+	requests  *atomic.Int64
 	emit      func(kind string, slot int, value string)
+}
+
+func (f faults) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
+	if f.failList != nil && f.failList.CompareAndSwap(true, false) {
+		f.requests.Add(1)
+		f.emit(evListFailed, -1, "")
+		return nil, apierrors.NewServiceUnavailable("the harness fails the first list")
+	}
+	return f.LeaseClient.List(ctx, opts)
 }
 
 func (f faults) Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {

@@ -77,6 +77,8 @@ type Run struct {
 	// FirstHold and AllWaiting are when the first slot was held and when
 	// every agent had asked for one, from the start.
 	FirstHold, AllWaiting time.Duration
+	// Joiners are the nodes that joined alone after the herd (Config.Join).
+	Joiners []Joiner `json:",omitempty"`
 }
 
 // PeakHolders is the most holders by any of the three counts.

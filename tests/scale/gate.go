@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"sync"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
@@ -48,7 +49,7 @@ func (r *recordingGate) Hold(ctx context.Context) (pull.Slot, error) {
 		}
 		return nil, err
 	}
-	r.a.emit(evHold, h.Slot(), "")
+	r.a.emit(evHold, h.Slot(), strconv.FormatInt(r.a.requests.Load(), 10))
 	s := &recordedSlot{h: h, emit: r.a.emit, released: make(chan struct{})}
 	go func() {
 		select {

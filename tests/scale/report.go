@@ -45,6 +45,9 @@ const (
 	targetHandOverP99     = 3 * time.Second
 	targetBackoff         = 0.5
 	targetShrinkIdle      = 30 * time.Second
+	// targetJoinWait: no slot free for more than 30 s while a node waits,
+	// here a node that joins alone when every slot is free.
+	targetJoinWait = 30 * time.Second
 	// targetRefill: a waiter's pause after failed calls grows to 30 s,
 	// and a Lease whose holder lost it is free 15 s (its duration) after
 	// the waiter saw it.
@@ -110,6 +113,8 @@ func (r Report) Markdown() string {
 		}
 		b.WriteString(".\n")
 	}
+
+	r.joinersTable(&b)
 
 	b.WriteString("\n## Targets\n\nIssue 27's targets, at the largest node count:\n\n")
 	b.WriteString("| run | target | measured | met |\n|---|---|---|---|\n")
@@ -213,8 +218,54 @@ func (r Report) Checks() []Check {
 				out = append(out, check(n, hoTarget, ms(run.HandOverP99), run.HandOverP99 <= targetHandOverP99))
 			}
 		}
+		for _, j := range run.Joiners {
+			out = append(out, check(n, fmt.Sprintf("a lone joiner (%s) holds a free slot within %s of its start and labels succeeded", firstList(j), targetJoinWait),
+				fmt.Sprintf("%s, %d requests, %s", ms(j.Wait), j.Requests, j.Label), j.Wait <= targetJoinWait && j.Label == "succeeded"))
+		}
 	}
 	return out
+}
+
+// joinersTable is the section on the lone joiners of the -join runs, each
+// beside the same run's joiner in Before, if it has one.
+func (r Report) joinersTable(b *strings.Builder) {
+	var rows []string
+	for _, run := range r.Runs {
+		var before []Joiner
+		if r.Before != nil {
+			for _, br := range r.Before.Runs {
+				if br.Config == run.Config {
+					before = br.Joiners
+				}
+			}
+		}
+		for i, j := range run.Joiners {
+			wait, reqs, label := ms(j.Wait), fmt.Sprint(j.Requests), j.Label
+			if i < len(before) && before[i].FailedFirstList == j.FailedFirstList {
+				bj := before[i]
+				wait, reqs, label = ms(bj.Wait)+" → "+wait, fmt.Sprint(bj.Requests)+" → "+reqs, bj.Label+" → "+label
+			}
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s |\n", run.Config.Name(), firstList(j), wait, reqs, label))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\n## Lone joiners\n\nIn the runs named `-join`, once the herd was done (every node labeled, every slot free), one more node joined alone, its agent started only then; then another, whose first Lease list was answered 503 Service Unavailable, as an apiserver under load answers. *Wait* is from its agent's start to `Hold` returning a slot: every slot was free all that time while the node waited. *Requests* are all its API requests until then, the failed list included.")
+	if r.Before != nil {
+		b.WriteString(" Cells with an arrow are before → after.")
+	}
+	b.WriteString("\n\n| run | first list | wait | requests | label |\n|---|---|---:|---:|---|\n")
+	for _, row := range rows {
+		b.WriteString(row)
+	}
+}
+
+func firstList(j Joiner) string {
+	if j.FailedFirstList {
+		return "first list 503"
+	}
+	return "first list answered"
 }
 
 // beforeAfter is the table of the runs both reports have, side by side.

@@ -56,6 +56,10 @@ type Config struct {
 	Outage, Throttle time.Duration
 	LostAnswers      int
 	Shrink           int
+	// Join: once the herd is done (every node labeled, every slot free),
+	// one more node joins alone, then another whose first Lease list is
+	// answered 503 (joiners.go). The herd's part of the run is the same.
+	Join bool `json:",omitempty"`
 }
 
 const (
@@ -82,7 +86,19 @@ func (c Config) Name() string {
 	if c.Shrink > 0 {
 		s += fmt.Sprintf("-shrink%d", c.Shrink)
 	}
+	if c.Join {
+		s += "-join"
+	}
 	return s
+}
+
+// allNodes counts the herd and the joiners: the Nodes and identities the
+// run needs.
+func (c Config) allNodes() int {
+	if c.Join {
+		return c.Nodes + len(joinerKinds)
+	}
+	return c.Nodes
 }
 
 // Faulty says whether the run has a fault.
@@ -237,7 +253,7 @@ func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
 	h.bw = NewBandwidth(opts.Capacity, opts.NodeCap)
 	maxN := 0
 	for _, c := range opts.Configs {
-		maxN = max(maxN, c.Nodes)
+		maxN = max(maxN, c.allNodes())
 	}
 	h.bw.SetNodeCaps(opts.pullCaps(maxN))
 	h.socket = filepath.Join(h.dir, "registry.sock")
@@ -265,7 +281,7 @@ func Measure(ctx context.Context, opts Options) (rep *Report, err error) {
 func (h *harness) setup(ctx context.Context) error {
 	maxN := 0
 	for _, c := range h.opts.Configs {
-		maxN = max(maxN, c.Nodes)
+		maxN = max(maxN, c.allNodes())
 	}
 	if _, err := h.c.CreateNamespace(ctx, namespace); err != nil {
 		return err
@@ -374,19 +390,10 @@ type agentsProc struct {
 }
 
 func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]*agentsProc, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	seedKey := cfg.Name()
 	var procs []*agentsProc
 	per := (cfg.Nodes + h.opts.Procs - 1) / h.opts.Procs
 	for p := 0; p*per < cfg.Nodes; p++ {
-		spec := agentsSpec{
-			Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
-			Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: seedKey, LostAnswers: cfg.LostAnswers,
-			Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
-		}
+		spec := h.spec(cfg)
 		for i := p * per; i < min((p+1)*per, cfg.Nodes); i++ {
 			id := h.ids[i]
 			spec.Agents = append(spec.Agents, agentID{Index: i, Node: id.Node, Pod: id.Pod, Token: id.Token})
@@ -394,60 +401,88 @@ func (h *harness) startProcs(ctx context.Context, cfg Config, logDir string) ([]
 		if h.opts.CPUProfiles != "" {
 			spec.CPUProfile = filepath.Join(h.opts.CPUProfiles, fmt.Sprintf("%s-%d.pprof", cfg.Name(), p))
 		}
-		line, err := json.Marshal(spec)
+		ap, err := h.startProc(ctx, spec, filepath.Join(logDir, fmt.Sprintf("agents-%d.log", p)))
+		if ap != nil {
+			procs = append(procs, ap)
+		}
 		if err != nil {
 			return procs, err
-		}
-		// In the cluster's network namespace, where the apiserver listens;
-		// the registry's unix socket is reachable from any.
-		cmd := h.c.Command(ctx, exe)
-		cmd.Env = append(cmd.Env, agentsEnv+"=1")
-		logf, err := os.Create(filepath.Join(logDir, fmt.Sprintf("agents-%d.log", p)))
-		if err != nil {
-			return procs, err
-		}
-		cmd.Stderr = logf
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return procs, err
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return procs, err
-		}
-		if err := cmd.Start(); err != nil {
-			return procs, fmt.Errorf("start agents process: %w", err)
-		}
-		ap := &agentsProc{cmd: cmd, stdin: stdin, ready: make(chan struct{}), done: make(chan struct{})}
-		procs = append(procs, ap)
-		go func() {
-			defer logf.Close()
-			sc := bufio.NewScanner(stdout)
-			sc.Buffer(make([]byte, 1<<16), 1<<20)
-			readied := false
-			for sc.Scan() {
-				var ev event
-				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-					continue
-				}
-				if ev.Kind == evReady && !readied {
-					readied = true
-					close(ap.ready)
-					continue
-				}
-				ap.events = append(ap.events, ev)
-			}
-			ap.err = cmd.Wait()
-			if !readied {
-				close(ap.ready)
-			}
-			close(ap.done)
-		}()
-		if _, err := stdin.Write(append(line, '\n')); err != nil {
-			return procs, fmt.Errorf("send spec: %w", err)
 		}
 	}
 	return procs, nil
+}
+
+// spec is what every agents process of cfg runs, but its agents.
+func (h *harness) spec(cfg Config) agentsSpec {
+	return agentsSpec{
+		Host: h.cfg.Host, CAData: h.cfg.TLSClientConfig.CAData, Namespace: namespace, Instance: instance,
+		Slots: cfg.Slots, SeedNodes: cfg.SeedNodes, SeedKey: cfg.Name(), LostAnswers: cfg.LostAnswers,
+		Images: h.opts.Images, Socket: h.socket, Parallelism: h.opts.Parallelism,
+	}
+}
+
+// startProc starts one agents process of spec, logging to logPath. Its
+// agents start on "go".
+func (h *harness) startProc(ctx context.Context, spec agentsSpec, logPath string) (*agentsProc, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	line, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	// In the cluster's network namespace, where the apiserver listens;
+	// the registry's unix socket is reachable from any.
+	cmd := h.c.Command(ctx, exe)
+	cmd.Env = append(cmd.Env, agentsEnv+"=1")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = logf
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start agents process: %w", err)
+	}
+	ap := &agentsProc{cmd: cmd, stdin: stdin, ready: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer logf.Close()
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<16), 1<<20)
+		readied := false
+		for sc.Scan() {
+			var ev event
+			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+				continue
+			}
+			if ev.Kind == evReady && !readied {
+				readied = true
+				close(ap.ready)
+				continue
+			}
+			ap.events = append(ap.events, ev)
+		}
+		ap.err = cmd.Wait()
+		if !readied {
+			close(ap.ready)
+		}
+		close(ap.done)
+	}()
+	if _, err := stdin.Write(append(line, '\n')); err != nil {
+		return ap, fmt.Errorf("send spec: %w", err)
+	}
+	return ap, nil
 }
 
 // leaseWatch follows the instance's slot Leases from the API and keeps the
@@ -609,7 +644,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 		default:
 		}
 	}
-	h.labeledN = cfg.Nodes
+	h.labeledN = cfg.allNodes()
 	lw := &leaseWatch{holders: map[string]string{}}
 	wctx, stopWatch := context.WithCancel(rctx)
 	defer stopWatch()
@@ -707,6 +742,11 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 	h.progress("%s: last label at %.1fs (%.2f× ideal), %d/%d succeeded, peak held %d (agents) %d (API), waiter requests %.2f per waiting node per minute, hand-over p50 %s p99 %s",
 		cfg.Name(), run.Last.Seconds(), run.Ratio(), run.Succeeded, cfg.Nodes, run.PeakHeldAgents, run.PeakHeldAPI,
 		run.PerWaiterMinute(), run.HandOverP50.Round(time.Millisecond), run.HandOverP99.Round(time.Millisecond))
+	if cfg.Join {
+		if run.Joiners, err = h.joiners(ctx, cfg, logDir); err != nil {
+			return nil, err
+		}
+	}
 	return run, nil
 }
 
@@ -836,10 +876,10 @@ func DefaultConfigs() []Config {
 	}
 }
 
-// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>][-outage<d>][-throttle<d>][-lost<percent>][-shrink<N>].
+// ParseConfig reads a Name: n<nodes>-k<K>[-seed<N>][-outage<d>][-throttle<d>][-lost<percent>][-shrink<N>][-join].
 func ParseConfig(s string) (Config, error) {
 	var c Config
-	bad := fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>][-outage<duration>][-throttle<duration>][-lost<percent>][-shrink<N>], e.g. n1000-k10-outage30s", s)
+	bad := fmt.Errorf("bad configuration %q: want n<nodes>-k<K>[-seed<N>][-outage<duration>][-throttle<duration>][-lost<percent>][-shrink<N>][-join], e.g. n1000-k10-outage30s", s)
 	for i, part := range strings.Split(s, "-") {
 		var err error
 		switch {
@@ -857,6 +897,8 @@ func ParseConfig(s string) (Config, error) {
 			_, err = fmt.Sscanf(part, "lost%d", &c.LostAnswers)
 		case strings.HasPrefix(part, "shrink"):
 			_, err = fmt.Sscanf(part, "shrink%d", &c.Shrink)
+		case part == "join":
+			c.Join = true
 		default:
 			err = bad
 		}
