@@ -210,7 +210,9 @@ bench: build host-deps kube
 # with K=50, three faults (apiserver outage, lost answers, a shrinking
 # herd): a real kube-apiserver, Node objects with a pod-bound identity each,
 # the agent's own herd-control, pull and labeling code with metrics on, on a
-# fake runtime with a shared bandwidth model.
+# fake runtime with a shared bandwidth model. A config ending in -join
+# (SCALE_FLAGS=-configs=n1000-k50-join) then has two nodes join alone,
+# the second with its first Lease list answered 503.
 # Needs root; takes an hour or more. Writes docs/scale.md and its plot;
 # -from/-before (SCALE_FLAGS) report runs made one at a time side by side.
 # Its smallest run is TestScaleSmoke, part of `make test`.

@@ -120,3 +120,18 @@ func TestJoinersReport(t *testing.T) {
 		t.Errorf("joiner checks %q, want met for the first and NOT met for a 31 s wait", verdicts)
 	}
 }
+
+// The joiners' pull times come after the herd's: a -join run's herd pulls
+// as the same run without joiners does.
+func TestJoinerPullCaps(t *testing.T) {
+	o := Options{Images: []Image{{Size: 100 * MiB}}, PullSeconds: [2]float64{15, 60}}
+	herd, all := o.pullCaps(50), o.pullCaps(Config{Nodes: 50, Slots: 5, Join: true}.allNodes())
+	if len(all) != 52 {
+		t.Fatalf("%d pull times for 50 nodes and 2 joiners", len(all))
+	}
+	for n, c := range herd {
+		if all[n] != c {
+			t.Errorf("node %s pulls at %.0f B/s with joiners, %.0f B/s without", n, all[n], c)
+		}
+	}
+}

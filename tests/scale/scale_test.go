@@ -21,9 +21,12 @@ func TestMain(m *testing.M) {
 // more than K holders (by the agents' account, by the Leases and by the
 // nodes pulling at the registry), every node labeled succeeded, and the
 // registry serving exactly the bytes the nodes need (no pull is cut off
-// and restarted). Times are reported, not asserted.
+// and restarted). Then two nodes join alone, the second with its first
+// Lease list answered 503: each takes a free slot within 30 s (issue 34:
+// no slot free longer while a node waits) and labels succeeded. The
+// herd's times are reported, not asserted.
 func TestScaleSmoke(t *testing.T) {
-	cfg := scale.Config{Nodes: 100, Slots: 10}
+	cfg := scale.Config{Nodes: 100, Slots: 10, Join: true}
 	opts := scale.Options{
 		Configs:     []scale.Config{cfg},
 		Capacity:    1000 * scale.MiB,
@@ -54,6 +57,15 @@ func TestScaleSmoke(t *testing.T) {
 	}
 	if len(run.Completions) != cfg.Nodes {
 		t.Errorf("%d agents reported a label, want %d", len(run.Completions), cfg.Nodes)
+	}
+	if len(run.Joiners) != 2 || run.Joiners[0].FailedFirstList || !run.Joiners[1].FailedFirstList {
+		t.Errorf("joiners %+v, want one whose first list is answered, then one whose first list fails", run.Joiners)
+	}
+	for _, j := range run.Joiners {
+		t.Logf("lone joiner (first list failed: %t): slot held %s after its start, %d API requests, label %q", j.FailedFirstList, j.Wait, j.Requests, j.Label)
+		if j.Wait > 30*time.Second || j.Label != "succeeded" {
+			t.Errorf("lone joiner (first list failed: %t): slot held %s after its start, label %q; want within 30s and succeeded", j.FailedFirstList, j.Wait, j.Label)
+		}
 	}
 	if run.Served != run.Needed {
 		t.Errorf("registry served %d bytes, the nodes need %d (%.4f×); %d pulls were cancelled", run.Served, run.Needed, float64(run.Served)/float64(run.Needed), run.Cancelled)
