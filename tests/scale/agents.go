@@ -280,12 +280,12 @@ type simAgent struct {
 
 func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[string]int64, transfers *transferClient, throttled *atomic.Bool, em *emitter, log *slog.Logger) (*simAgent, error) {
 	log = log.With("node", id.Node)
+	a := &simAgent{id: id, em: em, log: log}
+	a.ctx, a.leave = context.WithCancel(ctx)
 	// Each agent its own transport, as each pod has: a Dial of its own
 	// keeps client-go from sharing one cached connection among them. QPS
 	// and Burst stay unset, so the rate limiter is client-go's default,
 	// as in the agent.
-	a := &simAgent{id: id, em: em, log: log}
-	a.ctx, a.leave = context.WithCancel(ctx)
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	cfg := &rest.Config{
 		Host:            spec.Host,
