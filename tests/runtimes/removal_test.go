@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,6 +133,10 @@ func startWatch(ctx context.Context, t *testing.T, n *node, socket, instance str
 	}
 	defer f.Close()
 	cmd.Stdout, cmd.Stderr = f, f
+	// Stopped as the kubelet stops it: watch then removes its label, and
+	// the test run again (-count) starts without it.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
