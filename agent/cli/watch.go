@@ -119,8 +119,11 @@ const ReasonListChanged = "ListChanged"
 //     the node, or the node's NoExecute taint evicts the pod), or that
 //     cannot be told (outside a pod, no access, API down): the key goes,
 //     so that it never outlives its instance.
+//
+// The pins follow the same rules, also without a key (--label-node=false):
+// nothing else removes an uninstalled instance's pins.
 func (a *agent) settleKey(ctx context.Context, deadline time.Time) error {
-	if a.labeler == nil {
+	if a.labeler == nil && a.pinner == nil {
 		return nil
 	}
 	until := time.Now().Add(coverageShare)
@@ -133,14 +136,17 @@ func (a *agent) settleKey(ctx context.Context, deadline time.Time) error {
 	cancel()
 	switch {
 	case err != nil:
-		a.log.Warn("cannot tell whether the instance still covers this node; removing the label", "err", err)
+		a.log.Warn("cannot tell whether the instance still covers this node; removing its label and pins", "err", err)
 	case verdict == coverage.Kept:
-		a.log.Info("keeping the node label: the instance still covers this node with the same image list", "why", why)
+		a.log.Info("keeping the node label and the pins: the instance still covers this node with the same image list", "why", why)
+		return nil
+	case verdict == coverage.ListChanged && a.labeler == nil:
+		// The next pod's first check makes the pins follow its list.
 		return nil
 	case verdict == coverage.ListChanged:
 		return a.markListChanged(ctx, deadline, why)
 	default:
-		a.log.Info("the instance no longer covers this node; removing the label", "why", why)
+		a.log.Info("the instance no longer covers this node; removing its label and pins", "why", why)
 	}
 	// The pins go with the label, after it: the label is what the
 	// shutdown budget is for.

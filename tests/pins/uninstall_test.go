@@ -1,12 +1,14 @@
 package pins_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pin"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
 // The pin budget is the node's (issue 38): a second instance counts the
@@ -60,5 +62,34 @@ func TestUninstallLeavesNoMarks(t *testing.T) {
 	}
 	if left > 0 {
 		t.Errorf("%d of 150 records still carry the mark or the project's pin", left)
+	}
+}
+
+// With spec.nodeLabel.enabled: false the agent writes no key, and
+// uninstalling the instance still leaves none of its marks.
+func TestUninstallWithoutLabelLeavesNoMarks(t *testing.T) {
+	rt := node(t)
+	refs := c.PushData(t, 1200, 512, "nolabel-a", "nolabel-b")
+	c.Deploy(t, "nolabel", list(refs...)+"  nodeLabel:\n    enabled: false\n  pin:\n    budget: 1Gi\n")
+	mark := pin.MarkKey("nolabel", "nolabel")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := cluster.Poll(ctx, 250*time.Millisecond, "both images marked by nolabel", func() (bool, string) {
+		for _, r := range refs {
+			l, err := rt.n.ImageLabels(ctx, r)
+			if err != nil || l[mark] == "" {
+				return false, fmt.Sprintf("%s: %v %v", r, l, err)
+			}
+		}
+		return true, ""
+	}); err != nil {
+		c.DumpLogs(t)
+		t.Fatal(err)
+	}
+	uninstall(t, "nolabel")
+	for _, r := range refs {
+		if l := rt.labels(t, r); l[mark] != "" || l[pin.SetByKey] != "" {
+			t.Errorf("%s still carries the mark or the project's pin: %v", r, l)
+		}
 	}
 }

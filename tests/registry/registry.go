@@ -106,6 +106,8 @@ type stallRule struct {
 	// after is how many body bytes are sent before the stall.
 	after int64
 	seen  map[string]int
+	// release, when set, lets this rule's stalls continue (Hold).
+	release chan struct{}
 }
 
 type creds struct{ user, password string }
@@ -200,6 +202,19 @@ func (r *Registry) StallAfter(m Match, n int, after int64, d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stalls = append(r.stalls, &stallRule{match: m, n: n, d: d, after: after, seen: map[string]int{}})
+}
+
+// Hold is Stall until the returned release is called (or the client gives
+// up): it lets only this rule's transfers continue, not those of tests
+// running side by side.
+func (r *Registry) Hold(m Match, n int) (release func()) {
+	m.Kind = Blobs
+	ch := make(chan struct{})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stalls = append(r.stalls, &stallRule{match: m, n: n, seen: map[string]int{}, release: ch})
+	var once sync.Once
+	return func() { once.Do(func() { close(ch) }) }
 }
 
 // ReleaseStalls lets every stalled transfer continue.
@@ -443,6 +458,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 				select {
 				case <-timer:
 				case <-release:
+				case <-stallFor.release:
 				case <-req.Context().Done():
 				}
 			}

@@ -216,6 +216,49 @@ func TestStall(t *testing.T) {
 	}
 }
 
+func TestHold(t *testing.T) {
+	f := newFixture(t)
+	m := registry.Match{Ref: f.layer.String()}
+	release := f.reg.Hold(m, 2)
+	other := f.reg.Hold(registry.Match{Repo: "other"}, 0)
+	defer other()
+	blob := "http://" + f.addr + "/v2/app/blobs/" + f.layer.String()
+
+	// Held: a client with a deadline gives up.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, blob, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("held GET returned no headers: %v", err)
+	}
+	_, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("reading the held body: err = %v, want deadline exceeded", err)
+	}
+	// The second GET is held until release, which lets it continue in
+	// full; releasing another rule does not.
+	got := make(chan []byte, 1)
+	go func() {
+		_, _, body := f.get(t, nil, "/v2/app/blobs/"+f.layer.String())
+		got <- body
+	}()
+	for f.reg.Stalled(m) < 2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	other()
+	select {
+	case <-got:
+		t.Fatal("releasing another rule let the held GET continue")
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
+	if body := <-got; (v1.Hash{Algorithm: "sha256", Hex: sha256Hex(body)}) != f.layer {
+		t.Fatalf("released GET: %d bytes, not the layer", len(body))
+	}
+}
+
 func TestStallForDuration(t *testing.T) {
 	f := newFixture(t)
 	f.reg.Stall(registry.Match{Repo: "app"}, 1, 200*time.Millisecond)

@@ -19,12 +19,15 @@ import (
 
 // criProxy sits between the agent and a runtime's socket, forwards every
 // call as it is (CRI and containerd's own APIs, unary and streaming), and
-// counts the calls by method: what the agent costs the runtime.
+// counts the calls by method: what the agent costs the runtime. It also
+// counts the messages it passed on to the agent, by method: a test can
+// wait until an event of containerd's stream reached the agent.
 type criProxy struct {
 	Socket string
 
 	mu    sync.Mutex
 	calls map[string]int
+	sent  map[string]int
 }
 
 func startCRIProxy(t *testing.T, backendSocket string) *criProxy {
@@ -34,7 +37,7 @@ func startCRIProxy(t *testing.T, backendSocket string) *criProxy {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	p := &criProxy{Socket: filepath.Join(dir, "cri.sock"), calls: map[string]int{}}
+	p := &criProxy{Socket: filepath.Join(dir, "cri.sock"), calls: map[string]int{}, sent: map[string]int{}}
 	backend, err := grpc.NewClient("unix://"+backendSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +86,9 @@ func startCRIProxy(t *testing.T, backendSocket string) *criProxy {
 			if err := ss.SendMsg(msg); err != nil {
 				return err
 			}
+			p.mu.Lock()
+			p.sent[method]++
+			p.mu.Unlock()
 		}
 	}))
 	go func() { _ = srv.Serve(l) }()
@@ -122,6 +128,13 @@ func (p *criProxy) Calls() map[string]int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return maps.Clone(p.calls)
+}
+
+// Sent is how many messages of method the proxy passed on to its client.
+func (p *criProxy) Sent(method string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sent[method]
 }
 
 // since is the calls made after before, by method, and their total.
