@@ -51,7 +51,7 @@ var key = v1alpha1.NodeKey("web")
 // patch with a token bound to b's real pod is denied by the policy. Once
 // a is deleted, its agent removes the key on its way out and b's takes it.
 func TestCopiesOfOneRendering(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cs, err := c.Clientset()
 	if err != nil {
