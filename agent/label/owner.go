@@ -53,6 +53,14 @@ func NewOwner(ns, name string) Owner {
 	return Owner{Namespace: ns, Name: name, ID: id}
 }
 
+// AgentOwner is the owner record the agent in pod writes for instance name
+// in namespace ns: the copy of the instance whose DaemonSet runs the pod.
+func AgentOwner(ns, name, pod string) Owner {
+	o := NewOwner(ns, name)
+	o.DaemonSet = v1alpha1.DaemonSetOfPod(pod)
+	return o
+}
+
 func (o Owner) String() string {
 	if o.Namespace == "" && o.Name == "" {
 		return "an unreadable owner"
