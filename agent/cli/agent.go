@@ -294,7 +294,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		return err
 	}
 	if f.labelNode {
-		owner := label.NewOwner(f.namespace, f.instance)
+		owner := label.AgentOwner(f.namespace, f.instance, pod)
 		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep,
 			Pod: deps.Getenv("POD_UID"), List: a.digest, Credentials: len(f.dockerConfigs) > 0 || f.providerConfig != ""}
 	}

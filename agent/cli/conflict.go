@@ -11,7 +11,7 @@ import (
 )
 
 // ExitOwnerConflict: fetch found its node key owned by another instance of
-// the same name and left it alone.
+// the same name, or by another copy of this one, and left it alone.
 const ExitOwnerConflict = 4
 
 // ExitInstanceMoved: the pod runs in another namespace than the one the
@@ -26,8 +26,9 @@ func (a *agent) ownerConflict(ctx context.Context, err error) bool {
 	if !errors.As(err, &ce) {
 		return false
 	}
-	a.log.Error("the node key belongs to another instance of the same name; leaving it alone: give one of the two instances another name",
-		"key", ce.Key, "owner", ce.Theirs.String(), "ownerID", ce.Theirs.ID, "thisInstance", ce.Ours.String(), "thisInstanceID", ce.Ours.ID)
+	a.log.Error("the node key belongs to another instance of the same name, or to another copy (DaemonSet) of this one; leaving it alone: give each its own instance name",
+		"key", ce.Key, "owner", ce.Theirs.String(), "ownerID", ce.Theirs.ID, "ownerDaemonSet", ce.Theirs.DaemonSet,
+		"thisInstance", ce.Ours.String(), "thisInstanceID", ce.Ours.ID, "thisDaemonSet", ce.Ours.DaemonSet)
 	a.events.Emit(ctx, corev1.EventTypeWarning, events.ReasonInstanceConflict, ce.Error())
 	if a.metrics != nil {
 		a.metrics.OwnerConflict.Set(1)

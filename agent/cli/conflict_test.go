@@ -17,7 +17,11 @@ import (
 // name in namespace ns, with the given label value.
 func (e *env) claimKey(ns, value string) string {
 	e.t.Helper()
-	o := label.NewOwner(ns, testInstance)
+	return e.claimKeyBy(label.NewOwner(ns, testInstance), value)
+}
+
+func (e *env) claimKeyBy(o label.Owner, value string) string {
+	e.t.Helper()
 	s := label.NewSummary(3, 3, nil, time.Second, time.Unix(0, 0))
 	s.Owner = &o
 	ann := s.Marshal()
@@ -78,6 +82,46 @@ func TestFetchOwnerConflict(t *testing.T) {
 	}
 	if strings.Contains(logs, "node labeled") {
 		t.Errorf("claims to have labeled:\n%s", logs)
+	}
+}
+
+// TestFetchCopyConflict: the key belongs to another copy of this very
+// instance (one rendering applied under two namePrefixes): DaemonSet
+// a-prefetch owns it, this pod is b-prefetch's. fetch leaves it alone and
+// fails as for another instance, and the Event names both DaemonSets. A
+// record of an earlier release, without a DaemonSet, is this copy's: it is
+// rewritten with the DaemonSet.
+func TestFetchCopyConflict(t *testing.T) {
+	for _, tc := range []struct {
+		name, owner string
+		want        int
+	}{
+		{"another copy's key", "a-prefetch", ExitOwnerConflict},
+		{"an earlier release's key", "", ExitOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			o := label.NewOwner(testNamespace, testInstance)
+			o.DaemonSet = tc.owner
+			ann := e.claimKeyBy(o, "failed")
+			e.getenv["POD_NAME"] = "b-prefetch-x7k2q"
+			e.getenv["POD_NAMESPACE"] = testNamespace
+			if code := e.run(e.agentArgs("fetch", "x:1")...); code != tc.want {
+				t.Fatalf("exit %d, want %d:\n%s", code, tc.want, e.logs)
+			}
+			if tc.want == ExitOwnerConflict {
+				e.keyUnchanged("failed", ann)
+				evs := e.conflictEvents(testNamespace)
+				if len(evs) != 1 || !strings.Contains(evs[0].Message, "DaemonSet a-prefetch, another copy of this instance prefetch/demo (this is DaemonSet b-prefetch)") {
+					t.Errorf("events %+v", evs)
+				}
+				return
+			}
+			n := e.node(testNode)
+			if want := `{"owner":{"namespace":"prefetch","name":"demo","daemonSet":"b-prefetch","id":`; n.Labels[testKey] != "succeeded" || !strings.HasPrefix(n.Annotations[testKey], want) {
+				t.Errorf("key %q %s, want succeeded and %s...", n.Labels[testKey], n.Annotations[testKey], want)
+			}
+		})
 	}
 }
 

@@ -19,9 +19,12 @@ import (
 // the instance of that namespace is a conflict. Without it, status cannot
 // tell which owner is right, so an instance name owned by two instances
 // across the nodes marks every owned key of that name. A key whose owner
-// cannot be read, or names another instance, is a conflict either way.
+// cannot be read, or names another instance, is a conflict either way. So
+// are keys of one instance owned by two of its copies (DaemonSets): one
+// rendering applied twice under different names.
 func flagConflicts(rows []NodeStatus, namespace string) bool {
 	owners := map[string]map[label.Owner]bool{}
+	copies := map[label.Owner]map[string]bool{}
 	for _, r := range rows {
 		for _, i := range r.Instances {
 			if i.Owner == nil {
@@ -30,7 +33,14 @@ func flagConflicts(rows []NodeStatus, namespace string) bool {
 			if owners[i.Instance] == nil {
 				owners[i.Instance] = map[label.Owner]bool{}
 			}
-			owners[i.Instance][sameOwner(*i.Owner)] = true
+			o := sameOwner(*i.Owner)
+			owners[i.Instance][o] = true
+			if i.Owner.DaemonSet != "" {
+				if copies[o] == nil {
+					copies[o] = map[string]bool{}
+				}
+				copies[o][i.Owner.DaemonSet] = true
+			}
 		}
 	}
 	ok := true
@@ -49,6 +59,8 @@ func flagConflicts(rows []NodeStatus, namespace string) bool {
 				i.Conflict = fmt.Sprintf("owned by %s, not by %s/%s: two instances share the name %q", o, namespace, i.Instance, i.Instance)
 			case namespace == "" && len(owners[i.Instance]) > 1:
 				i.Conflict = fmt.Sprintf("owned by %s here and by %s elsewhere: two instances share the name %q", o, otherOwners(owners[i.Instance], *o), i.Instance)
+			case o.DaemonSet != "" && len(copies[sameOwner(*o)]) > 1:
+				i.Conflict = fmt.Sprintf("owned by DaemonSet %s here and by %s elsewhere: one rendering of %s applied twice under different names", o.DaemonSet, otherCopies(copies[sameOwner(*o)], o.DaemonSet), o)
 			default:
 				continue
 			}
@@ -66,6 +78,17 @@ func otherOwners(set map[label.Owner]bool, o label.Owner) string {
 	for other := range set {
 		if other != sameOwner(o) {
 			names = append(names, other.String())
+		}
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+func otherCopies(set map[string]bool, ds string) string {
+	var names []string
+	for other := range set {
+		if other != ds {
+			names = append(names, "DaemonSet "+other)
 		}
 	}
 	sort.Strings(names)

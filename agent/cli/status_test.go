@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
@@ -170,6 +171,40 @@ conflict on node n3, instance web: owned by team-b/web here and by team-a/web el
 	// The instance's own keys, all succeeded, pass.
 	if code := e.run("status", "--instance=db", "--namespace=team-a", "-l", "image-prefetcher.stackrox.io/db"); code != 0 {
 		t.Errorf("exit %d:\n%s", code, e.stdout)
+	}
+}
+
+// TestStatusShowsCopies: instance team-a/web owns n1 as copy a (DaemonSet
+// a-image-prefetcher-web), n2 as copy b, and n3 as an earlier release wrote
+// it, without a DaemonSet. Copies a and b are one rendering applied twice:
+// their keys are conflicts; the earlier release's key is not.
+func TestStatusShowsCopies(t *testing.T) {
+	e := newEnv(t)
+	const web = "image-prefetcher.stackrox.io/web"
+	copyOf := func(ds string) string {
+		o := label.NewOwner("team-a", "web")
+		o.DaemonSet = ds
+		s := label.NewSummary(1, 1, nil, time.Second, time.Unix(0, 0))
+		s.Owner = &o
+		return s.Marshal()
+	}
+	var nodes []runtime.Object
+	for name, ds := range map[string]string{"n1": "a-image-prefetcher-web", "n2": "b-image-prefetcher-web", "n3": ""} {
+		nodes = append(nodes, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{web: "succeeded"}, Annotations: map[string]string{web: copyOf(ds)}}})
+	}
+	e.kube = fake.NewClientset(nodes...)
+	if code := e.run("status", "--instance=web", "--namespace=team-a"); code != ExitError {
+		t.Errorf("exit %d, want 1", code)
+	}
+	want := `NODE  INSTANCE  STATE      OWNER                  PRESENT  FAILURES
+n1    web       succeeded  team-a/web (conflict)  1/1      -
+n2    web       succeeded  team-a/web (conflict)  1/1      -
+n3    web       succeeded  team-a/web             1/1      -
+conflict on node n1, instance web: owned by DaemonSet a-image-prefetcher-web here and by DaemonSet b-image-prefetcher-web elsewhere: one rendering of team-a/web applied twice under different names
+conflict on node n2, instance web: owned by DaemonSet b-image-prefetcher-web here and by DaemonSet a-image-prefetcher-web elsewhere: one rendering of team-a/web applied twice under different names
+`
+	if got := e.stdout.String(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
 

@@ -24,9 +24,15 @@ import (
 // ID is derived from the namespace and the name alone (see NewOwner), not
 // from an object UID: an instance deleted and re-created under the same
 // name in the same namespace is the same owner and takes its key back.
+//
+// DaemonSet tells copies of one instance apart: one rendering applied
+// twice under two kustomize namePrefixes has two DaemonSets (see
+// v1alpha1.DaemonSetOfPod). An owner without it (an agent of an earlier
+// release, or status --cleanup) stands for every copy of the instance.
 type Owner struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
+	DaemonSet string `json:"daemonSet,omitempty"`
 	ID        string `json:"id"`
 }
 
@@ -47,6 +53,14 @@ func NewOwner(ns, name string) Owner {
 	return Owner{Namespace: ns, Name: name, ID: id}
 }
 
+// AgentOwner is the owner record the agent in pod writes for instance name
+// in namespace ns: the copy of the instance whose DaemonSet runs the pod.
+func AgentOwner(ns, name, pod string) Owner {
+	o := NewOwner(ns, name)
+	o.DaemonSet = v1alpha1.DaemonSetOfPod(pod)
+	return o
+}
+
 func (o Owner) String() string {
 	if o.Namespace == "" && o.Name == "" {
 		return "an unreadable owner"
@@ -54,10 +68,18 @@ func (o Owner) String() string {
 	return o.Namespace + "/" + o.Name
 }
 
+func (o Owner) instance() v1alpha1.Instance {
+	return v1alpha1.Instance{Namespace: o.Namespace, Name: o.Name}
+}
+
 // Prefix is how an annotation owned by o begins: the instance's
-// OwnerPrefix, which the admission policy matches too (fn/render).
+// OwnerPrefix, or with a DaemonSet its CopyPrefix, which the admission
+// policy matches too (fn/render).
 func (o Owner) Prefix() string {
-	return v1alpha1.Instance{Namespace: o.Namespace, Name: o.Name}.OwnerPrefix()
+	if o.DaemonSet != "" {
+		return o.instance().CopyPrefix(o.DaemonSet)
+	}
+	return o.instance().OwnerPrefix()
 }
 
 // claimed matches an annotation that names an owner. Inside a JSON string
@@ -83,12 +105,18 @@ func Claim(ann string) (o Owner, isClaimed bool) {
 }
 
 // Owns reports whether o may write the key whose annotation is ann: the
-// annotation names no owner, or begins with o's Prefix.
+// annotation names no owner, or o's instance and either o's copy, no copy
+// (an earlier release wrote it), or any copy when o names none. The
+// admission policy decides the same way (fn/render/owner.go).
 func (o Owner) Owns(ann string) bool {
 	if _, isClaimed := Claim(ann); !isClaimed {
 		return true
 	}
-	return strings.HasPrefix(ann, o.Prefix())
+	rest, ok := strings.CutPrefix(ann, o.instance().OwnerPrefix())
+	if !ok {
+		return false
+	}
+	return o.DaemonSet == "" || !strings.HasPrefix(rest, `"daemonSet":`) || strings.HasPrefix(ann, o.Prefix())
 }
 
 // OwnerConflictError is returned instead of writing or removing a key that
@@ -100,6 +128,10 @@ type OwnerConflictError struct {
 }
 
 func (e *OwnerConflictError) Error() string {
+	if e.Theirs.Namespace == e.Ours.Namespace && e.Theirs.Name == e.Ours.Name {
+		return fmt.Sprintf("node %s: the key %s belongs to DaemonSet %s, another copy of this instance %s (this is DaemonSet %s): one rendering is applied twice under different names; this copy leaves the key alone (if DaemonSet %s is gone, its pods did not remove the key: remove it from node %s)",
+			e.Node, e.Key, e.Theirs.DaemonSet, e.Ours.instance(), e.Ours.DaemonSet, e.Theirs.DaemonSet, e.Node)
+	}
 	return fmt.Sprintf("node %s: the key %s belongs to instance %s, not to this instance %s: two instances share the name %q; this one leaves the key alone",
 		e.Node, e.Key, e.Theirs, e.Ours, e.Ours.Name)
 }

@@ -73,6 +73,46 @@ func TestOwns(t *testing.T) {
 	}
 }
 
+// TestOwnsCopies: one instance applied twice under two namePrefixes is told
+// apart by DaemonSet. A record of an earlier release (no DaemonSet) is every
+// copy's, and an owner without a DaemonSet (status --cleanup) owns every
+// copy's record.
+func TestOwnsCopies(t *testing.T) {
+	copyOf := func(ds string) Owner { o := NewOwner("team-a", "web"); o.DaemonSet = ds; return o }
+	a, b, any, other := copyOf("a-image-prefetcher-web"), copyOf("b-image-prefetcher-web"), copyOf(""), NewOwner("team-b", "web")
+	ann := func(o Owner) string {
+		s := NewSummary(1, 1, nil, time.Second, time.Unix(0, 0))
+		s.Owner = &o
+		return s.Marshal()
+	}
+	cases := []struct {
+		name                  string
+		ann                   string
+		aOwns, bOwns, anyOwns bool
+	}{
+		{"written by copy a", ann(a), true, false, true},
+		{"written by copy b", ann(b), false, true, true},
+		{"written by an earlier release", ann(any), true, true, true},
+		{"written by another instance", ann(other), false, false, false},
+		{"a copy whose DaemonSet name extends a's", ann(copyOf("a-image-prefetcher-web-2")), false, false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, o := range []struct {
+				owner Owner
+				want  bool
+			}{{a, tc.aOwns}, {b, tc.bOwns}, {any, tc.anyOwns}} {
+				if got := o.owner.Owns(tc.ann); got != o.want {
+					t.Errorf("%+v owns %s: %v, want %v", o.owner, tc.ann, got, o.want)
+				}
+			}
+		})
+	}
+	if !strings.HasPrefix(ann(a), `{"owner":{"namespace":"team-a","name":"web","daemonSet":"a-image-prefetcher-web","id":"`) {
+		t.Errorf("record %s: the DaemonSet must follow the instance, as the admission policy reads it", ann(a))
+	}
+}
+
 // patches lists the patches sent to the fake API server.
 func patches(c *fake.Clientset) []k8stesting.PatchAction {
 	var out []k8stesting.PatchAction

@@ -72,7 +72,7 @@ func New() *Metrics {
 			Name: "image_prefetcher_last_full_success_timestamp_seconds", Help: "Unix time of the last check that found every image present.",
 		}),
 		OwnerConflict: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "image_prefetcher_owner_conflict", Help: "1 while this instance's node key belongs to another instance of the same name in another namespace, which this one leaves alone; 0 once it wrote the key.",
+			Name: "image_prefetcher_owner_conflict", Help: "1 while this instance's node key belongs to another instance of the same name in another namespace, or to another copy (DaemonSet) of this one, which this one leaves alone; 0 once it wrote the key.",
 		}),
 	}
 	m.StartupTaintRemovals = prometheus.NewCounterVec(prometheus.CounterOpts{

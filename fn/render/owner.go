@@ -12,7 +12,8 @@ import (
 // instance called <name>, whatever its namespace; its annotation names the
 // one instance that owns it (see agent/label's Owner). CEL cannot parse
 // JSON, so the policy reads the owner the way the agent writes it: as the
-// annotation's prefix, v1alpha1.Instance.OwnerPrefix.
+// annotation's prefix, v1alpha1.Instance.CopyPrefix: the instance, then
+// the copy (DaemonSet) of it that wrote the key.
 //
 // The instance is the one rendered, namespace and name. The agent's own
 // namespace is in the request (its ServiceAccount's user name
@@ -28,12 +29,21 @@ func ownerVariables(in v1alpha1.Instance) []admissionv1.Variable {
 	return []admissionv1.Variable{
 		{Name: "userParts", Expression: "request.userInfo.username.split(':')"},
 		{Name: "agentNamespace", Expression: "variables.userParts.size() == 4 && variables.userParts[0] == 'system' && variables.userParts[1] == 'serviceaccount' ? variables.userParts[2] : ''"},
-		{Name: "ownerPrefix", Expression: fmt.Sprintf("'%s'", in.OwnerPrefix())},
+		{Name: "instancePrefix", Expression: fmt.Sprintf("'%s'", in.OwnerPrefix())},
+		// The agent's copy of the instance: its DaemonSet, derived from
+		// the pod-bound token's pod name as the agent derives it
+		// (v1alpha1.DaemonSetOfPod), never from a rendered name, which a
+		// namePrefix after the function would leave stale.
+		{Name: "podNames", Expression: "'authentication.kubernetes.io/pod-name' in request.userInfo.extra ? request.userInfo.extra['authentication.kubernetes.io/pod-name'] : []"},
+		{Name: "daemonSet", Expression: "variables.podNames.size() == 1 && size(variables.podNames[0]) > 6 ? variables.podNames[0].substring(0, size(variables.podNames[0]) - 6) : ''"},
+		{Name: "ownerPrefix", Expression: `variables.instancePrefix + '"daemonSet":"' + variables.daemonSet + '",'`},
 		{Name: "oldAnnotation", Expression: "variables.key in variables.oldAnnotations ? variables.oldAnnotations[variables.key] : ''"},
-		// An annotation with an "owner" member that does not begin with
-		// this instance's prefix belongs to someone else. Inside a JSON
+		// An annotation with an "owner" member that begins with neither
+		// this copy's prefix nor this instance's without a copy (an
+		// earlier release's) belongs to someone else. Inside a JSON
 		// string '"' is escaped, so the match is a member, never text.
-		{Name: "ownedByAnother", Expression: `variables.oldAnnotation.matches('"owner"\\s*:') && !variables.oldAnnotation.startsWith(variables.ownerPrefix)`},
+		{Name: "ownedByAnother", Expression: `variables.oldAnnotation.matches('"owner"\\s*:') && !variables.oldAnnotation.startsWith(variables.ownerPrefix) && ` +
+			`!(variables.oldAnnotation.startsWith(variables.instancePrefix) && !variables.oldAnnotation.substring(size(variables.instancePrefix)).startsWith('"daemonSet":'))`},
 		{Name: "keyUnchanged", Expression: "(variables.key in variables.oldLabels) == (variables.key in variables.newLabels) && (!(variables.key in variables.newLabels) || variables.oldLabels[variables.key] == variables.newLabels[variables.key]) && " +
 			"(variables.key in variables.oldAnnotations) == (variables.key in variables.newAnnotations) && (!(variables.key in variables.newAnnotations) || variables.oldAnnotations[variables.key] == variables.newAnnotations[variables.key])"},
 		{Name: "keyRemoved", Expression: "!(variables.key in variables.newLabels) && !(variables.key in variables.newAnnotations)"},
@@ -53,12 +63,13 @@ func ownerValidations(in v1alpha1.Instance) []admissionv1.Validation {
 		},
 		{
 			Expression: "variables.keyUnchanged || !variables.ownedByAnother",
-			Message:    "the key " + key + " belongs to another instance of the same name (its annotation names another owner): this instance may not change or remove it",
+			Message: "the key " + key + " belongs to another instance of the same name, or to another copy (DaemonSet) of this one (its annotation names another owner): " +
+				"this DaemonSet may not change or remove it",
 		},
 		{
 			Expression: "variables.keyUnchanged || variables.keyRemoved || (variables.key in variables.newAnnotations && variables.newAnnotations[variables.key].startsWith(variables.ownerPrefix) && " +
 				`!variables.newAnnotations[variables.key].substring(size(variables.ownerPrefix)).matches('"owner"\\s*:'))`,
-			Message: fmt.Sprintf("the image prefetcher may set %s only with an annotation that names its instance %s as the one owner: %s...", key, in, in.OwnerPrefix()),
+			Message: fmt.Sprintf("the image prefetcher may set %s only with an annotation that names its instance %s and its DaemonSet as the one owner: %s\"daemonSet\":\"<pod name without its last 6 characters>\",...", key, in, in.OwnerPrefix()),
 		},
 	}
 }

@@ -126,7 +126,7 @@ func TestAdmissionPolicyOnAPIServer(t *testing.T) {
 	// The annotation as the agent writes it: its owner first (see
 	// agent/label's Owner), the namespace the ServiceAccount's.
 	owned := func(ns string) string {
-		return fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","id":"x"},"total":1}`, ns)
+		return fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","daemonSet":"image-prefetcher-demo","id":"x"},"total":1}`, ns)
 	}
 	withAnnotation := func(ann string) string {
 		return fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:%q}}}`, key, key, ann)
@@ -141,6 +141,8 @@ func TestAdmissionPolicyOnAPIServer(t *testing.T) {
 		{"own label and annotation", "node-a", "node-a", withAnnotation(owned("prefetch")), true},
 		{"an annotation without an owner", "node-a", "node-a", withAnnotation(`{"total":1}`), false},
 		{"an annotation naming another namespace", "node-a", "node-a", withAnnotation(owned("other")), false},
+		{"an annotation naming another copy of the instance", "node-a", "node-a", withAnnotation(strings.Replace(owned("prefetch"), `"image-prefetcher-demo"`, `"b-image-prefetcher-demo"`, 1)), false},
+		{"an annotation of an earlier release, without the DaemonSet", "node-a", "node-a", withAnnotation(strings.Replace(owned("prefetch"), `"daemonSet":"image-prefetcher-demo",`, "", 1)), false},
 		{"an annotation naming two owners", "node-a", "node-a", withAnnotation(strings.TrimSuffix(owned("prefetch"), "}") + `,"owner":{"namespace":"other","name":"demo","id":"y"}}`), false},
 		{"label to failed", "node-a", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"}}}`, key), true},
 		{"remove both", "node-a", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}}}`, key, key), true},
@@ -263,8 +265,8 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 	}{
 		// The owner is the instance as rendered, which a namePrefix does
 		// not rename.
-		{"own label", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:"{\"owner\":{\"namespace\":\"prefetch\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), true},
-		{"owned by another namespace", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:"{\"owner\":{\"namespace\":\"other\",\"name\":\"demo\",\"id\":\"x\"}}"}}}`, key, key), false},
+		{"own label", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:"{\"owner\":{\"namespace\":\"prefetch\",\"name\":\"demo\",\"daemonSet\":\"image-prefetcher-demo\",\"id\":\"x\"}}"}}}`, key, key), true},
+		{"owned by another namespace", "node-a", fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:"{\"owner\":{\"namespace\":\"other\",\"name\":\"demo\",\"daemonSet\":\"image-prefetcher-demo\",\"id\":\"x\"}}"}}}`, key, key), false},
 		{"another label", "node-a", `{"metadata":{"labels":{"pool":"z"}}}`, false},
 		{"another node", "node-b", fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"}}}`, key), false},
 	} {
@@ -282,14 +284,14 @@ func TestAdmissionPolicyFollowsRenames(t *testing.T) {
 	}
 }
 
-// impersonate is a client acting as user, with the node-name extra of a
-// pod-bound token when node is set.
+// impersonate is a client acting as user, with the node-name and pod-name
+// extras of a pod-bound token when node is set.
 func impersonate(t *testing.T, cfg *rest.Config, user, node string) *kubernetes.Clientset {
 	t.Helper()
 	cc := rest.CopyConfig(cfg)
 	cc.Impersonate = rest.ImpersonationConfig{UserName: user}
 	if node != "" {
-		cc.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
+		cc.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}, "authentication.kubernetes.io/pod-name": {agentPod}}
 	}
 	cs, err := kubernetes.NewForConfig(cc)
 	if err != nil {

@@ -130,7 +130,7 @@ func TestIdentityOnAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	agents := map[string]*kubernetes.Clientset{}
+	agents, daemonSets := map[string]*kubernetes.Clientset{}, map[string]string{}
 	for _, in := range []struct{ build, ns, sa string }{
 		{"team-a", "team-a", "image-prefetcher-web"},
 		{"team-b", "team-b", "image-prefetcher-web"},
@@ -145,6 +145,7 @@ func TestIdentityOnAPIServer(t *testing.T) {
 			t.Fatalf("apply %s: %v", in.build, err)
 		}
 		agents[in.build] = podBoundClient(ctx, t, c, admin, in.ns, in.sa, "node-a")
+		daemonSets[in.build] = in.sa
 	}
 	for _, a := range agents {
 		waitForPolicy(ctx, t, a, "node-b")
@@ -170,7 +171,7 @@ func TestIdentityOnAPIServer(t *testing.T) {
 	}
 	ownKey := func(as, ns, name string) error {
 		key := "image-prefetcher.stackrox.io/" + name
-		ann := fmt.Sprintf(`{"owner":{"namespace":%q,"name":%q,"id":"x"},"total":1,"present":1,"failed":[]}`, ns, name)
+		ann := fmt.Sprintf(`{"owner":{"namespace":%q,"name":%q,"daemonSet":%q,"id":"x"},"total":1,"present":1,"failed":[]}`, ns, name, daemonSets[as])
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:%q}}}`, key, key, ann)
 		_, err := agents[as].CoreV1().Nodes().Patch(ctx, "node-a", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		return err
@@ -205,7 +206,7 @@ func TestIdentityOnAPIServer(t *testing.T) {
 		if _, err := agents["renamed"].AppsV1().DaemonSets("renamed").Get(ctx, "x-image-prefetcher-demo", metav1.GetOptions{}); err != nil {
 			t.Errorf("the renamed agent cannot read its own DaemonSet: %v", err)
 		}
-		if _, err := agents["renamed"].CoreV1().Pods("renamed").Get(ctx, "agent", metav1.GetOptions{}); err != nil {
+		if _, err := agents["renamed"].CoreV1().Pods("renamed").Get(ctx, podOf("x-image-prefetcher-demo"), metav1.GetOptions{}); err != nil {
 			t.Errorf("the renamed agent cannot read its own pod: %v", err)
 		}
 		if err := ownKey("renamed", "renamed", "demo"); err != nil {
@@ -224,7 +225,7 @@ func TestIdentityOnAPIServer(t *testing.T) {
 		if _, err := agents["comp"].AppsV1().DaemonSets("comp").Get(ctx, "y-image-prefetcher-demo", metav1.GetOptions{}); err != nil {
 			t.Errorf("the agent cannot read its own DaemonSet: %v", err)
 		}
-		if _, err := agents["comp"].CoreV1().Pods("comp").Get(ctx, "agent", metav1.GetOptions{}); err != nil {
+		if _, err := agents["comp"].CoreV1().Pods("comp").Get(ctx, podOf("y-image-prefetcher-demo"), metav1.GetOptions{}); err != nil {
 			t.Errorf("the agent cannot read its own pod: %v", err)
 		}
 		if err := ownKey("comp", "comp", "demo"); err != nil {

@@ -26,7 +26,8 @@ import (
 // image-prefetcher.stackrox.io/demo is theirs to share, so the owner in its
 // annotation decides: once team-a owns it, team-b may neither write nor
 // remove it, nor claim it in team-a's name; once team-a removed it, it is
-// free again. A key without an owner is adopted in one write.
+// free again. A key without an owner is adopted in one write, and so is
+// team-a's key as an earlier release wrote it, without the DaemonSet.
 func TestAdmissionPolicyOwnership(t *testing.T) {
 	const key = "image-prefetcher.stackrox.io/demo"
 	var manifests [][]byte
@@ -70,11 +71,12 @@ func TestAdmissionPolicyOwnership(t *testing.T) {
 	}
 
 	owned := func(ns string) string {
-		return fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","id":"x"},"total":1,"present":1,"failed":[]}`, ns)
+		return fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","daemonSet":"image-prefetcher-demo","id":"x"},"total":1,"present":1,"failed":[]}`, ns)
 	}
 	write := func(value, ann string) string {
 		return fmt.Sprintf(`{"metadata":{"labels":{%q:%q},"annotations":{%q:%q}}}`, key, value, key, ann)
 	}
+	legacy := strings.Replace(owned("team-a"), `"daemonSet":"image-prefetcher-demo",`, "", 1)
 	remove := fmt.Sprintf(`{"metadata":{"labels":{%q:null},"annotations":{%q:null}}}`, key, key)
 	steps := []struct {
 		name    string
@@ -98,6 +100,9 @@ func TestAdmissionPolicyOwnership(t *testing.T) {
 		{"team-a cannot keep it ownerless", "team-a", write("failed", `{"total":1,"present":0,"failed":[]}`), false, "only with an annotation that names its instance team-a/demo"},
 		{"team-a adopts it in one write", "team-a", write("succeeded", owned("team-a")), true, ""},
 		{"team-b cannot adopt it any more", "team-b", write("succeeded", owned("team-b")), false, "belongs to another instance"},
+		{"an earlier release of team-a left its owner without the DaemonSet", "", write("failed", legacy), true, ""},
+		{"team-b may not take team-a's", "team-b", write("succeeded", owned("team-b")), false, "belongs to another instance"},
+		{"team-a rewrites it with its DaemonSet", "team-a", write("succeeded", owned("team-a")), true, ""},
 	}
 	for _, st := range steps {
 		client := admin
@@ -123,14 +128,24 @@ func TestAdmissionPolicyOwnership(t *testing.T) {
 	}
 }
 
-// podBoundClient creates a Pod of the ServiceAccount on node (no kubelet
+// agentPod is the name of the agent's Pod in these tests, as the DaemonSet
+// controller names the pods of DaemonSet image-prefetcher-demo: the
+// admission policy reads the DaemonSet, the owner records' "daemonSet",
+// from it (the name without its last 6 characters).
+const agentPod = "image-prefetcher-demo-x7k2q"
+
+// podOf names a pod of the DaemonSet that has the ServiceAccount's name, as
+// the rendered ones do (also under a namePrefix).
+func podOf(sa string) string { return sa + "-x7k2q" }
+
+// podBoundClient creates a Pod (podOf) of the ServiceAccount on node (no kubelet
 // runs it; the API object is what a token is bound to) and returns a
 // client with a token bound to that Pod, as the kubelet would project it.
 // Such a token carries the node's name, which the policy requires.
 func podBoundClient(ctx context.Context, t *testing.T, c *cluster.Cluster, admin *kubernetes.Clientset, ns, sa, node string) *kubernetes.Clientset {
 	t.Helper()
 	pod, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "agent", Namespace: ns},
+		ObjectMeta: metav1.ObjectMeta{Name: podOf(sa), Namespace: ns},
 		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa,
 			Containers: []corev1.Container{{Name: "watch", Image: "example.com/agent:1"}}},
 	}, metav1.CreateOptions{})

@@ -99,7 +99,7 @@ func TestStartupTaintAdmission(t *testing.T) {
 				{"remove its taints and write its label", "node-a", func() (types.PatchType, string) {
 					// The key is written as the agent writes it: with an
 					// annotation naming its own namespace as the owner.
-					owner := fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","id":"x"},"total":1,"present":1,"failed":[]}`, variant.namespace)
+					owner := fmt.Sprintf(`{"owner":{"namespace":%q,"name":"demo","daemonSet":"image-prefetcher-demo","id":"x"},"total":1,"present":1,"failed":[]}`, variant.namespace)
 					return merge(fmt.Sprintf(`{"metadata":{"labels":{%q:"succeeded"},"annotations":{%q:%q}},"spec":{"taints":[{"key":"dedicated","value":"gpu","effect":"NoSchedule"}]}}`, labelKey, labelKey, owner))
 				}, true},
 				{"remove another taint", "node-a", func() (types.PatchType, string) { return taints(own, ownExec) }, false},

@@ -321,7 +321,7 @@ func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[str
 		Creds:       noCreds{},
 		Log:         log,
 	})
-	owner := label.NewOwner(spec.Namespace, spec.Instance)
+	owner := label.AgentOwner(spec.Namespace, spec.Instance, id.Pod)
 	a.labeler = &label.Labeler{Nodes: kc.Nodes(), Node: id.Node, Key: label.Key(v1alpha1.LabelDomain, spec.Instance), Owner: &owner, Log: log}
 	return a, nil
 }

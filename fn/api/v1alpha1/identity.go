@@ -32,6 +32,26 @@ func (i Instance) OwnerPrefix() string {
 	return `{"owner":{"namespace":"` + i.Namespace + `","name":"` + i.Name + `",`
 }
 
+// CopyPrefix is how the annotation of a node key owned by one copy of the
+// instance begins: the copy whose DaemonSet is ds (DaemonSetOfPod). A
+// rendering applied twice under two kustomize namePrefixes is one
+// instance twice; only the DaemonSet names tell the copies apart.
+func (i Instance) CopyPrefix(ds string) string {
+	return i.OwnerPrefix() + `"daemonSet":"` + ds + `",`
+}
+
+// DaemonSetOfPod is the DaemonSet of an agent pod as both the agent and the
+// admission policy derive it from the pod's name: the DaemonSet controller
+// names pods <daemonset>-<5 characters> (the part before the 5 cut to 58
+// characters), so dropping the last 6 gives the DaemonSet's name, or its
+// first 57 characters. "" for a name too short to be such a pod's.
+func DaemonSetOfPod(pod string) string {
+	if len(pod) <= 6 {
+		return ""
+	}
+	return pod[:len(pod)-6]
+}
+
 // EnvInstanceNamespace names the container variable that tells the agent
 // the namespace its instance was rendered for.
 const EnvInstanceNamespace = "INSTANCE_NAMESPACE"
