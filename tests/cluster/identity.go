@@ -10,6 +10,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // PodIdentity is what a pod of a DaemonSet authenticates with: a service
@@ -94,4 +95,25 @@ func forEach(n, parallel int, fn func(i int) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// PodClient is a client authenticated as pod, with a token bound to it as
+// the kubelet projects one: the apiserver and admission policies read the
+// pod's name and node from it.
+func (c *Cluster) PodClient(ctx context.Context, pod *corev1.Pod) (*kubernetes.Clientset, error) {
+	cs, err := c.Clientset()
+	if err != nil {
+		return nil, err
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("token for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	cfg, err := c.RESTConfigForToken(tr.Status.Token)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }

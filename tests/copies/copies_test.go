@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,7 +117,10 @@ func TestCopiesOfOneRendering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agentB := podBoundClient(ctx, t, cs, pod)
+	agentB, err := c.PodClient(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ann := fmt.Sprintf(`{"owner":{"namespace":%q,"name":"web","daemonSet":%q,"id":"x"},"total":2,"present":2,"failed":[]}`, ns, dsB)
 	for name, patch := range map[string]string{
 		"write":  fmt.Sprintf(`{"metadata":{"labels":{%q:"failed"},"annotations":{%q:%q}}}`, key, key, ann),
@@ -255,27 +257,6 @@ func waitConflicts(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, 
 		}
 	}
 	return got
-}
-
-// podBoundClient is a client with a token bound to pod, as the kubelet
-// projects it into the pod: the policy reads the pod's name from it.
-func podBoundClient(ctx context.Context, t *testing.T, cs *kubernetes.Clientset, pod *corev1.Pod) *kubernetes.Clientset {
-	t.Helper()
-	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := c.RESTConfigForToken(tr.Status.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client
 }
 
 // uninstall deletes both DaemonSets and waits for their pods to go, so

@@ -152,17 +152,7 @@ func podBoundClient(ctx context.Context, t *testing.T, c *cluster.Cluster, admin
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := c.RESTConfigForToken(tr.Status.Token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := c.PodClient(ctx, pod)
 	if err != nil {
 		t.Fatal(err)
 	}
