@@ -120,12 +120,17 @@ func (c *Cluster) PushData(t testing.TB, seed, size int64, names ...string) []st
 	return refs
 }
 
-// DumpLogs writes the end of every component log to the test log.
+// DumpLogs writes the end of every component log, and of every
+// container log the kubelets keep (the agents' included), to the test log.
 func (c *Cluster) DumpLogs(t testing.TB) {
 	logs, _ := filepath.Glob(c.path("logs", "*.log"))
+	for _, n := range c.Nodes() {
+		pods, _ := filepath.Glob(filepath.Join(n.Dir, "pod-logs", "*", "*", "*.log"))
+		logs = append(logs, pods...)
+	}
 	for _, l := range logs {
 		if fi, err := os.Stat(l); err == nil && fi.Size() > 0 {
-			t.Logf("---- last lines of %s:\n%s", filepath.Base(l), tail(l, 25))
+			t.Logf("---- last lines of %s:\n%s", strings.TrimPrefix(l, c.Dir+"/"), tail(l, 25))
 		}
 	}
 }
