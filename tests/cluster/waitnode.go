@@ -8,6 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
@@ -78,4 +80,51 @@ func (c *Cluster) WaitNode(ctx context.Context, name string, cond func(*corev1.N
 		// The watch closed (the apiserver ends watches now and then): list
 		// again and go on.
 	}
+}
+
+// WatchNode calls seen, from one goroutine, with every version of the Node
+// name after resource version rv, until ctx ends or stop is called. The
+// apiserver ends watches now and then (a cache re-initialised, a timeout);
+// the watch is resumed from the last version seen, as client-go's
+// RetryWatcher does, so that a change that comes and goes within a second
+// is never missed. stop returns an error when versions were lost (the
+// resumed watch answered 410 Gone).
+func (c *Cluster) WatchNode(ctx context.Context, name, rv string, seen func(*corev1.Node)) (stop func() error, err error) {
+	cs, err := c.Clientset()
+	if err != nil {
+		return nil, err
+	}
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	ctx, cancel := context.WithCancel(ctx)
+	rw, err := watchtools.NewRetryWatcherWithContext(ctx, rv, &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		o.FieldSelector = sel
+		return cs.CoreV1().Nodes().Watch(ctx, o)
+	}})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watch node %s: %w", name, err)
+	}
+	var lost error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range rw.ResultChan() {
+			switch o := ev.Object.(type) {
+			case *corev1.Node:
+				if ev.Type == watch.Added || ev.Type == watch.Modified {
+					seen(o)
+				}
+			case *metav1.Status:
+				if ctx.Err() == nil {
+					lost = fmt.Errorf("watch of node %s lost versions: %s", name, o.Message)
+				}
+			}
+		}
+	}()
+	return func() error {
+		cancel()
+		rw.Stop()
+		<-done
+		return lost
+	}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -84,20 +85,18 @@ func TestCopiesOfOneRendering(t *testing.T) {
 	}
 
 	// From here on every change of the node is seen: the key must stay a's.
-	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String(), ResourceVersion: written.ResourceVersion})
+	var mu sync.Mutex
+	var flip string
+	stop, err := c.WatchNode(ctx, node, written.ResourceVersion, func(n *corev1.Node) {
+		mu.Lock()
+		defer mu.Unlock()
+		if flip == "" && (n.Labels[key] != v1alpha1.LabelSucceeded || !ownedBy(n, dsA)) {
+			flip = fmt.Sprintf("%q %s", n.Labels[key], n.Annotations[key])
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	flips := make(chan string, 1)
-	go func() {
-		defer close(flips)
-		for ev := range w.ResultChan() {
-			if n, ok := ev.Object.(*corev1.Node); ok && ev.Type == watch.Modified && (n.Labels[key] != v1alpha1.LabelSucceeded || !ownedBy(n, dsA)) {
-				flips <- fmt.Sprintf("%q %s", n.Labels[key], n.Annotations[key])
-				return
-			}
-		}
-	}()
 	if _, err := c.Apply(ctx, b, cluster.ApplyOptions{}); err != nil {
 		t.Fatalf("apply copy b: %v", err)
 	}
@@ -107,8 +106,10 @@ func TestCopiesOfOneRendering(t *testing.T) {
 			t.Errorf("InstanceConflict %q does not say %q", evs[0].Message, want)
 		}
 	}
-	w.Stop()
-	if flip, ok := <-flips; ok {
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if flip != "" {
 		t.Fatalf("the key left copy a while b ran: %s", flip)
 	}
 

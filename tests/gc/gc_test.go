@@ -93,20 +93,23 @@ func TestGCIsNotFought(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + node.Name})
+	n, err := cs.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Stop()
 	var mu sync.Mutex
 	var reasons []string
-	go func() {
-		for ev := range w.ResultChan() {
-			if n, ok := ev.Object.(*corev1.Node); ok {
-				mu.Lock()
-				reasons = append(reasons, reason(n))
-				mu.Unlock()
-			}
+	stop, err := c.WatchNode(ctx, node.Name, n.ResourceVersion, func(n *corev1.Node) {
+		mu.Lock()
+		reasons = append(reasons, reason(n))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
 		}
 	}()
 	seen := func() int {
@@ -147,7 +150,7 @@ func TestGCIsNotFought(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
-			return reason(n) == want, "reasons since the pass " + strings.Join(since, ",")
+			return reason(n) == want, fmt.Sprintf("reasons of the %d node versions since the pass: %q", len(since), since)
 		}); err != nil {
 			c.DumpLogs(t)
 			t.Fatalf("pass %d: label not failed (%s): %v", i, want, err)

@@ -21,7 +21,6 @@ package pins_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -198,51 +197,30 @@ func nodeLabels(t *testing.T, key string) (stop func() []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	n, err := cs.CoreV1().Nodes().Get(ctx, c.Nodes()[0].Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := []string{n.Labels[key]}
-	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + n.Name, ResourceVersion: n.ResourceVersion})
+	var mu sync.Mutex
+	events, seen := 0, []string{n.Labels[key]}
+	end, err := c.WatchNode(ctx, n.Name, n.ResourceVersion, func(o *corev1.Node) {
+		mu.Lock()
+		defer mu.Unlock()
+		events++
+		if v := o.Labels[key]; seen[len(seen)-1] != v {
+			seen = append(seen, v)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var events int
-	var watchErr error
-	stopping := false
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range w.ResultChan() {
-			mu.Lock()
-			events++
-			switch o := ev.Object.(type) {
-			case *corev1.Node:
-				if v := o.Labels[key]; seen[len(seen)-1] != v {
-					seen = append(seen, v)
-				}
-			case *metav1.Status:
-				if !stopping {
-					watchErr = fmt.Errorf("watch of the node ended: %s", o.Message)
-				}
-			}
-			mu.Unlock()
-		}
-	}()
 	return func() []string {
-		mu.Lock()
-		stopping = true
-		mu.Unlock()
-		cancel()
-		w.Stop()
-		<-done
+		if err := end(); err != nil {
+			t.Fatal(err)
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		if watchErr != nil {
-			t.Fatal(watchErr)
-		}
 		t.Logf("the node changed %d times meanwhile", events)
 		return seen
 	}
