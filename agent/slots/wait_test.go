@@ -368,27 +368,31 @@ func TestRacersStayFewAtAnyHerdSize(t *testing.T) {
 	g.window = window // as deployed
 	w := g.newWaiter(context.Background())
 	w.leases = map[string]*coordinationv1.Lease{}
-	const propagation, trials = 100 * time.Millisecond, 200
-	for _, herd := range []int{1, 10, 100, 1000} {
-		racers := 0
-		for range trials {
-			delays := make([]time.Duration, herd)
-			for i := range delays {
-				if delays[i] = w.delay([]int{0}); delays[i] <= 0 || delays[i] > window {
-					t.Fatalf("delay %v, want within (0, %v]", delays[i], window)
+	const trials = 200
+	// 0.4 s: how long a take took to reach 1,000 waiters on the loaded
+	// scale harness (docs/herd.md); 0.1 s on an idle apiserver.
+	for _, propagation := range []time.Duration{100 * time.Millisecond, 400 * time.Millisecond} {
+		for _, herd := range []int{1, 10, 100, 1000} {
+			racers := 0
+			for range trials {
+				delays := make([]time.Duration, herd)
+				for i := range delays {
+					if delays[i] = w.delay([]int{0}); delays[i] < 0 || delays[i] > window {
+						t.Fatalf("delay %v, want within [0, %v]", delays[i], window)
+					}
+				}
+				first := slices.Min(delays)
+				for _, d := range delays {
+					if d < first+propagation {
+						racers++
+					}
 				}
 			}
-			first := slices.Min(delays)
-			for _, d := range delays {
-				if d < first+propagation {
-					racers++
-				}
+			mean := float64(racers) / trials
+			t.Logf("propagation %v, herd %d: %.1f writes per freed slot", propagation, herd, mean)
+			if mean > 4 {
+				t.Errorf("propagation %v, herd %d: %.1f nodes write for one freed slot, want a handful (at most 4)", propagation, herd, mean)
 			}
-		}
-		mean := float64(racers) / trials
-		t.Logf("herd %d: %.1f writes per freed slot", herd, mean)
-		if mean > 8 {
-			t.Errorf("herd %d: %.1f nodes write for one freed slot, want a handful (at most 8)", herd, mean)
 		}
 	}
 }
