@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,10 +149,16 @@ func TestHitsView(t *testing.T) {
 	}
 	i := r.Instances[0]
 	n := i.Nodes[0]
+	// In time order; the two pods start in either order, within a second
+	// or two.
 	var got []string
-	for _, p := range n.Pulls {
+	for i, p := range n.Pulls {
+		if i > 0 && p.Time.Before(n.Pulls[i-1].Time) {
+			t.Errorf("pull of %s at %s listed after one at %s: want time order", p.Pod, p.Time, n.Pulls[i-1].Time)
+		}
 		got = append(got, fmt.Sprintf("%s %s hit=%v label=%s", p.Pod, p.Image, p.Hit, p.Label))
 	}
+	slices.Sort(got)
 	want := []string{"apps/hit present:v1 hit=true label=succeeded", "apps/miss ghcr.io/e2e/added:v1 hit=false label=succeeded"}
 	if i.Instance != instance || i.Namespace != instance || i.Images != 2 || n.Node != node || n.Label != v1alpha1.LabelSucceeded ||
 		i.Counts != (hits.Counts{Hits: 1, Misses: 1}) || n.Counts != i.Counts || strings.Join(got, "; ") != strings.Join(want, "; ") || r.Since == nil {
