@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	mrand "math/rand/v2"
-	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -181,33 +179,26 @@ func (w *waiter) watch() (watch.Interface, error) {
 // when the watch ends and the slots should be listed or watched again.
 func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	g := w.g
-	// One timer, for the soonest drawn take or the next expiry: a timer
+	// One timer, for the drawn take (fireAt) or the next expiry: a timer
 	// per event would cost every waiter per renewal.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	// A draw per free slot, made when this node first sees it free: each
-	// freed slot is a race of its own, whose writers stay few (delay),
-	// however often slots change hands. One draw kept across hand-overs
-	// fires at a time that no longer follows any freeing, together with
-	// the others drawn near the window's end (13 writers per slot taken
-	// at K = 100, 1,000 nodes).
-	draws := map[int]time.Time{}
+	var fireAt time.Time
 	for {
 		now := g.now()
 		free, due := w.free(now)
-		if len(free) == 0 && !w.loggedWait {
-			w.loggedWait = true
-			g.log.Info("all pull slots are busy; waiting", "slots", w.eligible(), "seeded", w.seeded)
+		switch {
+		case len(free) == 0:
+			fireAt = time.Time{}
+			if !w.loggedWait {
+				w.loggedWait = true
+				g.log.Info("all pull slots are busy; waiting", "slots", w.eligible(), "seeded", w.seeded)
+			}
+		case fireAt.IsZero():
+			fireAt = now.Add(max(w.delay(free), w.quietUntil.Sub(now)))
 		}
-		maps.DeleteFunc(draws, func(i int, _ time.Time) bool { return !slices.Contains(free, i) })
-		next := -1
-		for _, i := range free {
-			if _, ok := draws[i]; !ok {
-				draws[i] = now.Add(max(w.delay(i), w.quietUntil.Sub(now)))
-			}
-			if due.IsZero() || draws[i].Before(due) {
-				due, next = draws[i], i // else the timer wakes us at an expiry first
-			}
+		if !fireAt.IsZero() && (due.IsZero() || fireAt.Before(due)) {
+			due = fireAt
 		}
 		if !due.IsZero() {
 			timer.Reset(due.Sub(now))
@@ -224,13 +215,15 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 				return nil, nil
 			}
 		case <-timer.C:
-			if next < 0 || g.now().Before(draws[next]) {
+			now := g.now()
+			if fireAt.IsZero() || now.Before(fireAt) {
 				continue
 			}
-			// Drawn again if still free after this try (a failed write).
-			delete(draws, next)
-			if h, err := w.take(next); h != nil || err != nil {
-				return h, err
+			fireAt = time.Time{}
+			if free, _ := w.free(now); len(free) > 0 {
+				if h, err := w.take(free[mrand.IntN(len(free))]); h != nil || err != nil {
+					return h, err
+				}
 			}
 		}
 	}
@@ -313,9 +306,10 @@ func version(l *coordinationv1.Lease) string {
 }
 
 // delay is the window less an exponential draw of mean window/8, not
-// below 0; slot i naming us (free then lists it alone) is taken at once.
-func (w *waiter) delay(i int) time.Duration {
-	if holder(w.leases[w.names[i]]) == w.id {
+// below 0; a slot that names us (free then lists it alone) is taken at
+// once.
+func (w *waiter) delay(free []int) time.Duration {
+	if holder(w.leases[w.names[free[0]]]) == w.id {
 		return 0
 	}
 	return max(0, w.g.window-time.Duration(mrand.ExpFloat64()*float64(w.g.window)/8))

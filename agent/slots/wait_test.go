@@ -344,14 +344,14 @@ func TestDelayRules(t *testing.T) {
 		t.Errorf("after a failed write: err %v, quiet until %v, next retry %v; want nil, a pause, a doubled retry", err, w.quietUntil, w.retry)
 	}
 	for range 2000 {
-		if d := w.delay(1); d < 0 || d > g.window {
+		if d := w.delay([]int{1, 2, 3}); d < 0 || d >= g.window {
 			t.Fatalf("delay %v, want within the window %v", d, g.window)
 		}
 	}
 	mine := free.DeepCopy()
 	mine.Spec.HolderIdentity = &w.id
 	w.leases[free.Name] = mine
-	if d := w.delay(0); d != 0 {
+	if d := w.delay([]int{0, 1}); d != 0 {
 		t.Errorf("delay %v for a slot that names us, want 0", d)
 	}
 }
@@ -377,7 +377,7 @@ func TestRacersStayFewAtAnyHerdSize(t *testing.T) {
 			for range trials {
 				delays := make([]time.Duration, herd)
 				for i := range delays {
-					if delays[i] = w.delay(0); delays[i] < 0 || delays[i] > window {
+					if delays[i] = w.delay([]int{0}); delays[i] < 0 || delays[i] > window {
 						t.Fatalf("delay %v, want within [0, %v]", delays[i], window)
 					}
 				}
