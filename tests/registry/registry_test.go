@@ -56,6 +56,26 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{reg: reg, addr: addr, img: img, layer: d}
 }
 
+// stalledGet GETs the layer's blob with a deadline d: the headers must
+// come, and reading the body must end at the deadline. It returns the
+// bytes read before it.
+func (f *fixture) stalledGet(t *testing.T, d time.Duration) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.addr+"/v2/app/blobs/"+f.layer.String(), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("stalled GET returned no headers: %v", err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("reading the stalled body: err = %v, want deadline exceeded", err)
+	}
+	return got
+}
+
 func (f *fixture) get(t *testing.T, client *http.Client, path string, auth ...string) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, "http://"+f.addr+path, nil)
@@ -190,22 +210,9 @@ func TestRequireAuth(t *testing.T) {
 func TestStall(t *testing.T) {
 	f := newFixture(t)
 	f.reg.Stall(registry.Match{Ref: f.layer.String()}, 1, 0)
-	blob := "http://" + f.addr + "/v2/app/blobs/" + f.layer.String()
-
 	// The first transfer sends headers, then nothing: a client with a
 	// deadline gives up.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, blob, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("stalled GET returned no headers: %v", err)
-	}
-	_, err = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("reading the stalled body: err = %v, want deadline exceeded", err)
-	}
+	f.stalledGet(t, 300*time.Millisecond)
 	// The next attempt is served in full.
 	code, _, body := f.get(t, nil, "/v2/app/blobs/"+f.layer.String())
 	if code != http.StatusOK || len(body) == 0 {
@@ -222,21 +229,8 @@ func TestHold(t *testing.T) {
 	release := f.reg.Hold(m, 2)
 	other := f.reg.Hold(registry.Match{Repo: "other"}, 0)
 	defer other()
-	blob := "http://" + f.addr + "/v2/app/blobs/" + f.layer.String()
-
 	// Held: a client with a deadline gives up.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, blob, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("held GET returned no headers: %v", err)
-	}
-	_, err = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("reading the held body: err = %v, want deadline exceeded", err)
-	}
+	f.stalledGet(t, 300*time.Millisecond)
 	// The second GET is held until release, which lets it continue in
 	// full; releasing another rule does not.
 	got := make(chan []byte, 1)
