@@ -142,6 +142,20 @@ func (n *Node) Pull(ctx context.Context, ref string) error {
 	return nil
 }
 
+// Remove removes ref through the node's CRI, as the kubelet's image GC
+// and `crictl rmi` do.
+func (n *Node) Remove(ctx context.Context, ref string) error {
+	cri, err := n.CRI()
+	if err != nil {
+		return err
+	}
+	defer cri.Close()
+	if _, err := cri.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+		return fmt.Errorf("%s: remove %s: %w", n.Name, ref, err)
+	}
+	return nil
+}
+
 // PushPause pushes a runnable image of the pause binary (blocks until
 // SIGTERM) running as user ("uid:gid") under repoTag.
 func (c *Cluster) PushPause(ctx context.Context, repoTag, user string) error {

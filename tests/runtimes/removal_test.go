@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 	"github.com/image-prefetcher/image-prefetcher/tests/registry"
@@ -76,12 +75,7 @@ func TestRemovalNoticed(t *testing.T) {
 		} else {
 			t.Logf("%s: labeled Removed %s after the removal", n.rt, d.Round(100*time.Millisecond))
 		}
-		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
-			t.Fatalf("not repaired: %v\n%s", err, logs)
-		}
-		if ok, err := n.node.HasImage(ctx, ref); !ok || err != nil {
-			t.Errorf("the label is succeeded again, but the image is not there (%v)", err)
-		}
+		repaired(ctx, t, n, key, ref, logs)
 
 		if n.rt == cluster.CRIO {
 			return
@@ -159,13 +153,8 @@ func (l logFile) String() string {
 func removeImage(ctx context.Context, t *testing.T, n *node, ref string) {
 	t.Helper()
 	if n.rt == cluster.CRIO {
-		cri, err := n.node.CRI()
-		if err != nil {
+		if err := n.node.Remove(ctx, ref); err != nil {
 			t.Fatal(err)
-		}
-		defer cri.Close()
-		if _, err := cri.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-			t.Fatalf("remove %s: %v", ref, err)
 		}
 		return
 	}
@@ -196,7 +185,9 @@ func TestRemovalDuringCheck(t *testing.T) {
 		slow := pushData(ctx, t, n.repo("during-b")+":v1", 62)
 		a, b := n.ref("during-a", "v1"), n.ref("during-b", "v1")
 		fresh(ctx, t, n, b)
-		pullImage(ctx, t, n, a)
+		if err := n.node.Pull(ctx, a); err != nil {
+			t.Fatal(err)
+		}
 		held := registry.Match{Repo: n.repo("during-b"), Ref: firstLayer(t, slow)}
 		heldBefore := c.Registry().Stalled(held)
 		release := c.Registry().Hold(held, 1)
@@ -219,12 +210,7 @@ func TestRemovalDuringCheck(t *testing.T) {
 		}
 		release()
 		noticed(ctx, t, n, key, labeled, removed, logs)
-		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
-			t.Fatalf("not repaired: %v\n%s", err, logs)
-		}
-		if ok, err := n.node.HasImage(ctx, a); !ok || err != nil {
-			t.Errorf("the label is succeeded again, but %s is not there (%v)", a, err)
-		}
+		repaired(ctx, t, n, key, a, logs)
 		t.Logf("%s: took %s", n.rt, time.Since(start).Round(100*time.Millisecond))
 	})
 }
@@ -279,12 +265,7 @@ func TestTagAndDigestRecordRemoved(t *testing.T) {
 			t.Fatalf("the kubelet's ImageStatus for %s still finds it after the removal (%v)", ref, err)
 		}
 		noticed(ctx, t, n, key, labeled, removed, logs)
-		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
-			t.Fatalf("not repaired: %v\n%s", err, logs)
-		}
-		if ok, err := n.node.HasImage(ctx, ref); !ok || err != nil {
-			t.Errorf("the label is succeeded again, but %s is not there (%v)", ref, err)
-		}
+		repaired(ctx, t, n, key, ref, logs)
 		t.Logf("%s: took %s", n.rt, time.Since(start).Round(100*time.Millisecond))
 	})
 }
@@ -336,6 +317,18 @@ func noticed(ctx context.Context, t *testing.T, n *node, key string, labeled <-c
 	}
 }
 
+// repaired waits for the label to say succeeded again, with ref back on
+// the node.
+func repaired(ctx context.Context, t *testing.T, n *node, key, ref string, logs logFile) {
+	t.Helper()
+	if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
+		t.Fatalf("not repaired: %v\n%s", err, logs)
+	}
+	if ok, err := n.node.HasImage(ctx, ref); !ok || err != nil {
+		t.Errorf("the label is succeeded again, but %s is not there (%v)", ref, err)
+	}
+}
+
 // eventsReachAgent makes sure the agent's subscription to containerd's
 // events is live before a test relies on it: it tags ref under a probe
 // name and deletes that record until a delete event reaches the agent
@@ -366,20 +359,6 @@ func waitUntil(ctx context.Context, t *testing.T, what string, cond func() bool)
 			t.Fatalf("waited 30 s for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// pullImage pulls ref into n's runtime through the CRI, as the kubelet
-// does.
-func pullImage(ctx context.Context, t *testing.T, n *node, ref string) {
-	t.Helper()
-	client, err := n.node.CRI()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	if _, err := client.Images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatalf("pull %s: %v", ref, err)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
@@ -203,13 +202,8 @@ func TestSlowPullIsNotCut(t *testing.T) {
 // cluster (-count) pulls it again.
 func fresh(ctx context.Context, t *testing.T, n *node, ref string) {
 	t.Helper()
-	client, err := n.node.CRI()
-	if err != nil {
+	if err := n.node.Remove(ctx, ref); err != nil {
 		t.Fatal(err)
-	}
-	defer client.Close()
-	if _, err := client.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-		t.Fatalf("remove %s: %v", ref, err)
 	}
 }
 
