@@ -101,7 +101,7 @@ func TestCutShortSeedRecordsNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !h.Seed() {
+			if !h.seed {
 				t.Fatal("the first node is no seed")
 			}
 			switch how {
@@ -122,7 +122,7 @@ func TestCutShortSeedRecordsNothing(t *testing.T) {
 			if holder(l) != "" {
 				t.Errorf("slot 0 still held by %q", holder(l))
 			}
-			if next := hold(t, g); !next.Seed() {
+			if next := hold(t, g); !next.seed {
 				t.Errorf("the next node took %s as no seed", next.Name())
 			}
 		})

@@ -72,8 +72,8 @@ func TestReviewLoneSeedTakesTheSeedSlot(t *testing.T) {
 		f := newFakeAPI(t)
 		f.oldSlot(t, 0)
 		g := f.gate(t, Config{Slots: 10, SeedNodes: 1, SeedKey: "this-list", LeaseDuration: time.Hour}, 0)
-		if h := holdWithin(t, g, 5*time.Second); !h.Seed() || h.Slot() != 0 {
-			t.Fatalf("took slot %d as seed %v, want seed slot 0", h.Slot(), h.Seed())
+		if h := holdWithin(t, g, 5*time.Second); !h.seed || h.Slot() != 0 {
+			t.Fatalf("took slot %d as seed %v, want seed slot 0", h.Slot(), h.seed)
 		}
 	}
 }

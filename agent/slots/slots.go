@@ -136,8 +136,7 @@ func SlotName(instance string, i int) string {
 // must Release the result.
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
-	w := g.newWaiter(ctx)
-	h, err := w.wait()
+	h, err := g.newWaiter(ctx).wait()
 	if err != nil {
 		return nil, err
 	}

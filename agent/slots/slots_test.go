@@ -79,8 +79,8 @@ func TestHoldTakesDistinctSlotsUpToK(t *testing.T) {
 				}
 				taken[h.Slot()] = true
 				l := f.lease(t, h.Name())
-				if holder(l) != h.Identity() || !strings.HasPrefix(h.Identity(), "pod-") {
-					t.Errorf("%s: holder %q, want %q", h.Name(), holder(l), h.Identity())
+				if holder(l) != h.id || !strings.HasPrefix(h.id, "pod-") {
+					t.Errorf("%s: holder %q, want %q", h.Name(), holder(l), h.id)
 				}
 				if l.Labels[LabelInstance] != "demo" || l.Labels[LabelComponent] != "pull-slot" {
 					t.Errorf("%s: labels %v", h.Name(), l.Labels)
@@ -123,7 +123,7 @@ func TestReleaseHandsSlotToWaiter(t *testing.T) {
 	a.Release()
 	b := <-got
 	defer b.Release()
-	if l := f.lease(t, b.Name()); holder(l) != b.Identity() || *l.Spec.LeaseTransitions != 1 {
+	if l := f.lease(t, b.Name()); holder(l) != b.id || *l.Spec.LeaseTransitions != 1 {
 		t.Errorf("after hand-over: holder %q transitions %d", holder(l), *l.Spec.LeaseTransitions)
 	}
 	b.Release()
@@ -143,8 +143,8 @@ func TestCrashedHolderSlotIsTakenOverAfterDuration(t *testing.T) {
 
 	b := hold(t, g)
 	l := f.lease(t, b.Name())
-	if holder(l) != b.Identity() {
-		t.Fatalf("holder %q, want %q", holder(l), b.Identity())
+	if holder(l) != b.id {
+		t.Fatalf("holder %q, want %q", holder(l), b.id)
 	}
 	// A lower bound, not a timing assertion: taking over earlier would
 	// be a bug however slow the machine is.
@@ -173,8 +173,8 @@ func TestRenewalKeepsSlot(t *testing.T) {
 		return
 	}
 	l := f.lease(t, a.Name())
-	if holder(l) != a.Identity() || !l.Spec.RenewTime.Time.After(acquired) {
-		t.Errorf("holder %q renewTime %v acquired %v: want renewed by %q", holder(l), l.Spec.RenewTime, acquired, a.Identity())
+	if holder(l) != a.id || !l.Spec.RenewTime.Time.After(acquired) {
+		t.Errorf("holder %q renewTime %v acquired %v: want renewed by %q", holder(l), l.Spec.RenewTime, acquired, a.id)
 	}
 }
 
@@ -222,7 +222,7 @@ func TestRenewalSurvivesOtherWritesToLease(t *testing.T) {
 		}
 	}
 	l := f.lease(t, a.Name())
-	if holder(l) != a.Identity() || l.Annotations["note"] != "kept" {
+	if holder(l) != a.id || l.Annotations["note"] != "kept" {
 		t.Errorf("holder %q annotations %v", holder(l), l.Annotations)
 	}
 }
@@ -273,7 +273,7 @@ func TestSlotLost(t *testing.T) {
 			if tt.stillOurs && holder(l) != "" {
 				t.Errorf("Release left holder %q", holder(l))
 			}
-			if !tt.stillOurs && l != nil && holder(l) == h.Identity() {
+			if !tt.stillOurs && l != nil && holder(l) == h.id {
 				t.Errorf("Release wrote us back as holder")
 			}
 		})
@@ -338,8 +338,8 @@ func TestSeedMode(t *testing.T) {
 			var seeds []*Holding
 			for range tt.seeds {
 				h := hold(t, g)
-				if !h.Seed() || h.Slot() >= tt.seeds {
-					t.Fatalf("seed got slot %d seed=%v", h.Slot(), h.Seed())
+				if !h.seed || h.Slot() >= tt.seeds {
+					t.Fatalf("seed got slot %d seed=%v", h.Slot(), h.seed)
 				}
 				seeds = append(seeds, h)
 			}
@@ -367,7 +367,7 @@ func TestSeedMode(t *testing.T) {
 			// Now the remaining slots open up.
 			for range tt.slots - 1 {
 				h := <-got
-				if h.Seed() {
+				if h.seed {
 					t.Errorf("%s taken after seeding counts as a seed", h.Name())
 				}
 				defer h.Release()
@@ -385,8 +385,8 @@ func TestSeedKeyMustMatch(t *testing.T) {
 	})
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 1, SeedKey: "list-2", LeaseDuration: time.Hour}, 0)
 	h := hold(t, g)
-	if !h.Seed() || h.Slot() != 0 {
-		t.Fatalf("got slot %d seed=%v, want seed on slot 0", h.Slot(), h.Seed())
+	if !h.seed || h.Slot() != 0 {
+		t.Fatalf("got slot %d seed=%v, want seed on slot 0", h.Slot(), h.seed)
 	}
 	h.Release()
 	if v := f.lease(t, h.Name()).Annotations[SeededAnnotation]; v != "list-2" {
@@ -398,8 +398,8 @@ func TestSeedsNotLimitedWhenSeedsCoverSlots(t *testing.T) {
 	f := newFakeAPI(t)
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 5, LeaseDuration: time.Hour}, 0)
 	a, b := hold(t, g), hold(t, g)
-	if a.Slot() == b.Slot() || !a.Seed() || !b.Seed() {
-		t.Fatalf("got slots %d, %d seeds %v, %v", a.Slot(), b.Slot(), a.Seed(), b.Seed())
+	if a.Slot() == b.Slot() || !a.seed || !b.seed {
+		t.Fatalf("got slots %d, %d seeds %v, %v", a.Slot(), b.Slot(), a.seed, b.seed)
 	}
 }
 
@@ -411,8 +411,8 @@ func TestSeededOnAnySlot(t *testing.T) {
 	f.write(t, SlotName("demo", 1), func(l *coordinationv1.Lease) { l.Annotations = map[string]string{SeededAnnotation: "true"} })
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 1}, 0)
 	a, b := hold(t, g), hold(t, g)
-	if a.Seed() || b.Seed() {
-		t.Errorf("nodes after seeding count as seeds: %v, %v", a.Seed(), b.Seed())
+	if a.seed || b.seed {
+		t.Errorf("nodes after seeding count as seeds: %v, %v", a.seed, b.seed)
 	}
 }
 
@@ -423,7 +423,7 @@ func TestCrashedSeedIsReplacedBySeed(t *testing.T) {
 	a := hold(t, g)
 	crash(a)
 	b := hold(t, g)
-	if b.Slot() != 0 || !b.Seed() {
-		t.Fatalf("after a seed crashed: slot %d seed=%v, want the seed's slot as a seed", b.Slot(), b.Seed())
+	if b.Slot() != 0 || !b.seed {
+		t.Fatalf("after a seed crashed: slot %d seed=%v, want the seed's slot as a seed", b.Slot(), b.seed)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,28 +17,26 @@ import (
 
 // Waiting. A waiter lists the instance's slot Leases and follows them
 // with one label-selected watch, so that it sends nothing while nothing
-// changes. When it sees a slot free (or expired) it waits a random delay
-// within the window (a few seconds, whatever the herd size) and keeps
-// reading the watch: the first node's write reaches the others before
-// their delays end, so that most of them never write. The delay is the
-// window less an exponential draw of mean window/8, not below 0: the
-// density of the draws rises towards the window's end, so that the
-// shortest of n draws lies near window - ln(n) × window/8 and the draws
-// within a propagation time p of it number about e^(p ÷ window/8),
-// whatever n (up to e^8, about 3,000 waiting nodes): 3 at p = 0.4 s.
-// This is the timer of multicast feedback suppression (Nonnenmacher and
-// Biersack, 1998). Drawn uniformly the writers grew with the herd (67
-// per slot taken at 1,000 nodes); window ÷ (1 + an exponential draw)
-// packs the shortest draws within tenths of a second (42 per slot taken
-// at a propagation of 0.4 s). docs/herd.md gives the measurements.
+// changes. It aims at one free (or expired) slot at random and writes it
+// after a random delay within the window (a few seconds, whatever the
+// herd size), reading the watch meanwhile: the first write for a slot
+// reaches the others aiming at it before their delays end, so that most
+// of them never write (aim). The delay is the window less an exponential
+// draw of mean window/8, not below 0: the density of the draws rises
+// towards the window's end, so that the shortest of n draws lies near
+// window - ln(n) × window/8 and the draws within a propagation time p of
+// it number about e^(p ÷ window/8), whatever n (up to e^8, about 3,000
+// waiting nodes): 3 at p = 0.4 s. This is the timer of multicast
+// feedback suppression (Nonnenmacher and Biersack, 1998). Drawn uniformly
+// the writers grew with the herd (67 per slot taken at 1,000 nodes).
 //
-// A lost race (a conflict) skips that version of the slot and pauses
-// briefly; a failed write backs off, 1 s doubling to 30 s. An ended watch
-// is resumed from the last version seen, as client-go's reflector does; a
-// 410 Gone or a watch that ends at once with nothing in it lists again,
-// never sooner than a second after the last list. Each watch asks the
-// apiserver to end it after 5-10 min, lest one that stopped delivering
-// keep the waiter waiting.
+// A lost race (a conflict) skips that version of the slot; a failed
+// write backs off, 1 s doubling to 30 s. An ended watch is resumed from
+// the last version seen, as client-go's reflector does; a 410 Gone or a
+// watch that ends at once with nothing in it lists again, never sooner
+// than a second after the last list. Each watch asks the apiserver to end
+// it after 5-10 min, lest one that stopped delivering keep the waiter
+// waiting.
 const (
 	window     = 3 * time.Second // the random delay before a take is drawn within it
 	minRetry   = time.Second     // the pauses after a failed API call
@@ -46,20 +45,17 @@ const (
 	resync     = 5 * time.Minute
 )
 
-const absent = "absent" // the version a lost race records for a slot with no Lease
-
 // waiter is the state of one Hold.
 type waiter struct {
 	g      *Gate
 	ctx    context.Context
 	id     string
 	names  []string
-	index  map[string]int                   // slot by Lease name
 	leases map[string]*coordinationv1.Lease // the latest version of each
 	// since: when we first saw each Lease at its version, on our clock;
-	// lostAt: the version of a slot we lost a race on, skipped till it changes.
+	// lostAt: a slot as seen when we lost a race on it, skipped till it changes.
 	since  map[string]time.Time
-	lostAt map[string]string
+	lostAt map[string]*coordinationv1.Lease
 	seeded bool
 	// retry is the next pause after a failed API call; no write goes out
 	// before quietUntil.
@@ -74,17 +70,17 @@ type waiter struct {
 	// Gone: list again); listedAt: the last list.
 	rv       string
 	listedAt time.Time
+	aim      aim
 }
 
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
 	w := &waiter{
-		g: g, ctx: ctx, id: fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32()), index: map[string]int{},
-		since: map[string]time.Time{}, lostAt: map[string]string{},
-		seeded: g.cfg.SeedNodes == 0, retry: g.retry, denied: make([]bool, g.cfg.Slots),
+		g: g, ctx: ctx, id: fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32()),
+		since: map[string]time.Time{}, lostAt: map[string]*coordinationv1.Lease{},
+		seeded: g.cfg.SeedNodes == 0, retry: g.retry, denied: make([]bool, g.cfg.Slots), aim: aim{slot: -1},
 	}
 	for i := range g.cfg.Slots {
 		w.names = append(w.names, SlotName(g.cfg.Instance, i))
-		w.index[w.names[i]] = i
 	}
 	return w
 }
@@ -157,7 +153,7 @@ func (w *waiter) list() (watch.Interface, error) {
 	w.leases = map[string]*coordinationv1.Lease{}
 	for i := range list.Items {
 		l := &list.Items[i]
-		if _, ok := w.index[l.Name]; !ok {
+		if !slices.Contains(w.names, l.Name) {
 			continue // a slot above K, or named otherwise: not ours to take
 		}
 		if o := old[l.Name]; o == nil || o.ResourceVersion != l.ResourceVersion {
@@ -179,26 +175,20 @@ func (w *waiter) watch() (watch.Interface, error) {
 // when the watch ends and the slots should be listed or watched again.
 func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 	g := w.g
-	// One timer, for the drawn take (fireAt) or the next expiry: a timer
-	// per event would cost every waiter per renewal.
+	// One timer, for the aimed take or the next expiry: a timer per event
+	// would cost every waiter per renewal.
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var fireAt time.Time
 	for {
 		now := g.now()
 		free, due := w.free(now)
-		switch {
-		case len(free) == 0:
-			fireAt = time.Time{}
-			if !w.loggedWait {
-				w.loggedWait = true
-				g.log.Info("all pull slots are busy; waiting", "slots", w.eligible(), "seeded", w.seeded)
-			}
-		case fireAt.IsZero():
-			fireAt = now.Add(max(w.delay(free), w.quietUntil.Sub(now)))
+		if len(free) == 0 && !w.loggedWait {
+			w.loggedWait = true
+			g.log.Info("all pull slots are busy; waiting", "slots", w.eligible(), "seeded", w.seeded)
 		}
-		if !fireAt.IsZero() && (due.IsZero() || fireAt.Before(due)) {
-			due = fireAt
+		w.aim.update(free, now, w.delay)
+		if w.aim.slot >= 0 && (due.IsZero() || w.aim.at.Before(due)) {
+			due = w.aim.at
 		}
 		if !due.IsZero() {
 			timer.Reset(due.Sub(now))
@@ -215,16 +205,47 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 				return nil, nil
 			}
 		case <-timer.C:
-			now := g.now()
-			if fireAt.IsZero() || now.Before(fireAt) {
-				continue
-			}
-			fireAt = time.Time{}
-			if free, _ := w.free(now); len(free) > 0 {
-				if h, err := w.take(free[mrand.IntN(len(free))]); h != nil || err != nil {
+			if i := w.aim.slot; i >= 0 && !g.now().Before(w.aim.at) {
+				w.aim.slot = -1 // whatever the outcome, aim anew
+				if h, err := w.take(i); h != nil || err != nil {
 					return h, err
 				}
 			}
+		}
+	}
+}
+
+// aim is the free slot a waiter means to write, and when. Each waiter
+// aims at one free slot, so that the waiters split over the free slots
+// and each freed slot is a race of its own among those aiming at it:
+// about e^(p ÷ window/8) of them write whatever their number (delay). A
+// waiter aims anew, with a new draw, when its slot is taken or it tried;
+// a newly freed slot draws each waiter with a chance of one in the number
+// of free slots, so that the aims stay spread evenly over the free slots
+// however often slots change hands. One draw kept while any slot stayed
+// free fired, at K = 100 and 1,000 nodes, with the others near the
+// window's end: 13.5 writes per slot taken. A draw per free slot had
+// each waiter write once per free slot: 208.
+type aim struct {
+	slot int       // -1: no free slot
+	at   time.Time // when to write it
+	free []int     // the free slots at the last update
+}
+
+// update aims after a change of the free slots; delay draws the wait
+// before writing slot i.
+func (a *aim) update(free []int, now time.Time, delay func(i int) time.Duration) {
+	fresh := slices.DeleteFunc(slices.Clone(free), func(i int) bool { return slices.Contains(a.free, i) })
+	a.free = free
+	switch {
+	case len(free) == 0:
+		a.slot = -1
+	case !slices.Contains(free, a.slot):
+		a.slot = free[mrand.IntN(len(free))]
+		a.at = now.Add(delay(a.slot))
+	default:
+		if r := mrand.IntN(len(free)); r < len(fresh) {
+			a.slot = fresh[r] // with the draw kept
 		}
 	}
 }
@@ -246,10 +267,9 @@ func (w *waiter) apply(ev watch.Event) {
 	if w.rv = l.ResourceVersion; ev.Type == watch.Bookmark {
 		return
 	}
-	if _, slot := w.index[l.Name]; !slot {
+	if !slices.Contains(w.names, l.Name) {
 		return // a slot above K
 	}
-	delete(w.lostAt, l.Name) // a newer version: worth another try
 	if ev.Type == watch.Deleted {
 		delete(w.leases, l.Name)
 		delete(w.since, l.Name)
@@ -279,7 +299,7 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	for i := range w.eligible() {
 		name := w.names[i]
 		l := w.leases[name]
-		if v, lost := w.lostAt[name]; w.denied[i] || lost && v == version(l) {
+		if v, lost := w.lostAt[name]; w.denied[i] || lost && v == l {
 			continue
 		}
 		switch h := holder(l); {
@@ -298,21 +318,20 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	return free, next
 }
 
-func version(l *coordinationv1.Lease) string {
-	if l == nil {
-		return absent
+// delay is the wait before writing slot i: the window less an
+// exponential draw of mean window/8, not below 0, and not before a
+// failed call's pause has passed; a slot that names us (free then lists
+// it alone) is taken at once.
+func (w *waiter) delay(i int) time.Duration {
+	d := draw(w.g.window)
+	if holder(w.leases[w.names[i]]) == w.id {
+		d = 0
 	}
-	return l.ResourceVersion
+	return max(d, w.quietUntil.Sub(w.g.now()))
 }
 
-// delay is the window less an exponential draw of mean window/8, not
-// below 0; a slot that names us (free then lists it alone) is taken at
-// once.
-func (w *waiter) delay(free []int) time.Duration {
-	if holder(w.leases[w.names[free[0]]]) == w.id {
-		return 0
-	}
-	return max(0, w.g.window-time.Duration(mrand.ExpFloat64()*float64(w.g.window)/8))
+func draw(window time.Duration) time.Duration {
+	return max(0, window-time.Duration(mrand.ExpFloat64()*float64(window)/8))
 }
 
 // take writes us into slot i: an update on the version last seen, or a
@@ -335,7 +354,7 @@ func (w *waiter) take(i int) (*Holding, error) {
 			return nil, nil
 		}
 		if !apierrors.IsNotFound(err) {
-			return nil, w.failed("get", i, absent, err)
+			return nil, w.failed("get", i, nil, err)
 		}
 		verb, write = "create", g.create
 	case h == w.id:
@@ -346,15 +365,15 @@ func (w *waiter) take(i int) (*Holding, error) {
 	seed, sent := !w.seeded, g.now()
 	held, err := write(w.ctx, g.taken(l, i, w.id, sent))
 	if err != nil {
-		return nil, w.failed(verb, i, version(l), err)
+		return nil, w.failed(verb, i, l, err)
 	}
 	return g.newHolding(w.ctx, held, i, w.id, seed, sent), nil
 }
 
-// failed handles a failed call for slot i at version: a lost race skips
-// that version and pauses briefly; another failure holds the next write
-// back. It returns an error only when waiting cannot help.
-func (w *waiter) failed(verb string, i int, version string, err error) error {
+// failed handles a failed call for slot i as seen: a lost race skips the
+// slot until a newer version of it comes; another failure holds the next
+// write back. It returns an error only when waiting cannot help.
+func (w *waiter) failed(verb string, i int, seen *coordinationv1.Lease, err error) error {
 	g := w.g
 	switch {
 	case apierrors.IsForbidden(err):
@@ -362,10 +381,8 @@ func (w *waiter) failed(verb string, i int, version string, err error) error {
 	case permanent(err):
 		return fmt.Errorf("%s Lease %s/%s: %w", verb, g.cfg.Namespace, w.names[i], err)
 	}
-	w.refusedSince = time.Time{}
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
-		w.lostAt[w.names[i]] = version // another node wrote first
-		w.quietUntil = g.now().Add(mrand.N(g.window / 4))
+		w.lostAt[w.names[i]] = seen // another node wrote first; follow aims anew
 		return nil
 	}
 	g.log.Warn("pull slot API call failed; backing off", "verb", verb, "slot", w.names[i], "err", err)
@@ -377,10 +394,8 @@ func (w *waiter) failed(verb string, i int, version string, err error) error {
 // eligible slot was refused for ForbiddenFor.
 func (w *waiter) forbidden(verb string, i int, err error) error {
 	g := w.g
-	if !w.denied[i] {
-		w.denied[i] = true
-		g.log.Warn("not allowed to use this pull slot (was maxConcurrentNodes lowered?); skipping it", "slot", w.names[i], "verb", verb, "err", err)
-	}
+	w.denied[i] = true // free skips it from now on
+	g.log.Warn("not allowed to use this pull slot (was maxConcurrentNodes lowered?); skipping it", "slot", w.names[i], "verb", verb, "err", err)
 	for k := range w.eligible() {
 		if !w.denied[k] {
 			return nil

@@ -92,12 +92,12 @@ func TestWaitersSendNothingWhileNothingChanges(t *testing.T) {
 	a.Release()
 	b := <-got
 	defer b.Release()
-	if l := f.lease(t, b.Name()); holder(l) != b.Identity() {
-		t.Errorf("holder %q, want %q", holder(l), b.Identity())
+	if l := f.lease(t, b.Name()); holder(l) != b.id {
+		t.Errorf("holder %q, want %q", holder(l), b.id)
 	}
 	select {
 	case c := <-got:
-		t.Fatalf("a second waiter got the only slot: %s", c.Identity())
+		t.Fatalf("a second waiter got the only slot: %s", c.id)
 	case <-time.After(200 * time.Millisecond):
 	}
 }
@@ -209,8 +209,8 @@ func TestLostAnswerCountsFromAWriteSent(t *testing.T) {
 	g := f.gate(t, Config{Slots: 1, LeaseDuration: 15 * time.Second}, 0)
 	g.now = clk.Now
 	h := hold(t, g)
-	if l := f.lease(t, h.Name()); holder(l) != h.Identity() {
-		t.Fatalf("holder %q, want %q", holder(l), h.Identity())
+	if l := f.lease(t, h.Name()); holder(l) != h.id {
+		t.Fatalf("holder %q, want %q", holder(l), h.id)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -319,9 +319,9 @@ func TestManyWatchersNeverExceedK(t *testing.T) {
 	}
 }
 
-// The delay rules: a lost race skips the slot until it changes and
-// pauses less than a quarter of the window; a failed write holds writes
-// back; the delay before a take is drawn within the window, and a slot
+// The delay rules: a lost race skips the slot until it changes, with no
+// pause (the waiter aims anew, with a new draw); a failed write holds
+// writes back; the delay before a take is drawn within the window, and a slot
 // that names us is taken at once.
 func TestDelayRules(t *testing.T) {
 	f := newFakeAPI(t)
@@ -334,24 +334,28 @@ func TestDelayRules(t *testing.T) {
 	free.Name, free.ResourceVersion = SlotName("demo", 0), "7"
 	w.leases[free.Name] = free
 	conflict := apierrors.NewConflict(leasesGVR.GroupResource(), free.Name, errors.New("modified"))
-	if err := w.failed("update", 0, "7", conflict); err != nil || w.quietUntil.After(g.now().Add(g.window/4)) || w.retry != g.retry {
-		t.Errorf("after a lost race: err %v, quiet until %v, next retry %v; want nil, a pause under %v, no backoff", err, w.quietUntil.Sub(now), w.retry, g.window/4)
+	if err := w.failed("update", 0, free, conflict); err != nil || w.quietUntil.After(now) || w.retry != g.retry {
+		t.Errorf("after a lost race: err %v, quiet until %v, next retry %v; want nil, no pause, no backoff", err, w.quietUntil.Sub(now), w.retry)
 	}
 	if slots, _ := w.free(now); len(slots) != 3 || slots[0] == 0 {
 		t.Errorf("free slots %v right after losing the race for slot 0, want the 3 others", slots)
 	}
-	if err := w.failed("update", 1, absent, apierrors.NewServiceUnavailable("down")); err != nil || !w.quietUntil.After(now) || w.retry != 2*g.retry {
+	if err := w.failed("update", 1, nil, apierrors.NewServiceUnavailable("down")); err != nil || !w.quietUntil.After(now) || w.retry != 2*g.retry {
 		t.Errorf("after a failed write: err %v, quiet until %v, next retry %v; want nil, a pause, a doubled retry", err, w.quietUntil, w.retry)
 	}
+	if d := w.delay(1); d < w.quietUntil.Sub(g.now())-time.Millisecond {
+		t.Errorf("delay %v while paused until %v, want the pause at least", d, w.quietUntil.Sub(g.now()))
+	}
+	w.quietUntil = time.Time{}
 	for range 2000 {
-		if d := w.delay([]int{1, 2, 3}); d < 0 || d >= g.window {
+		if d := w.delay(1); d < 0 || d > g.window {
 			t.Fatalf("delay %v, want within the window %v", d, g.window)
 		}
 	}
 	mine := free.DeepCopy()
 	mine.Spec.HolderIdentity = &w.id
 	w.leases[free.Name] = mine
-	if d := w.delay([]int{0, 1}); d != 0 {
+	if d := w.delay(0); d != 0 {
 		t.Errorf("delay %v for a slot that names us, want 0", d)
 	}
 }
@@ -377,7 +381,7 @@ func TestRacersStayFewAtAnyHerdSize(t *testing.T) {
 			for range trials {
 				delays := make([]time.Duration, herd)
 				for i := range delays {
-					if delays[i] = w.delay([]int{0}); delays[i] < 0 || delays[i] > window {
+					if delays[i] = draw(window); delays[i] < 0 || delays[i] > window {
 						t.Fatalf("delay %v, want within [0, %v]", delays[i], window)
 					}
 				}
