@@ -42,11 +42,12 @@ func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slo
 func (g *Gate) renewInterval() time.Duration { return g.cfg.LeaseDuration / 3 }
 func (g *Gate) renewDeadline() time.Duration { return g.cfg.LeaseDuration * 2 / 3 }
 
-// The slot's Lease name and index, our holderIdentity in it; Lost is
-// closed when the slot is lost while held.
+// The slot's Lease name and index, our holderIdentity in it, whether we
+// took it as a seed; Lost is closed when the slot is lost while held.
 func (h *Holding) Name() string          { return SlotName(h.g.cfg.Instance, h.slot) }
 func (h *Holding) Slot() int             { return h.slot }
 func (h *Holding) Identity() string      { return h.id }
+func (h *Holding) Seed() bool            { return h.seed }
 func (h *Holding) Lost() <-chan struct{} { return h.lost }
 
 // renewLoop renews until stopped; a renewal not written by the deadline

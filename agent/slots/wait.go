@@ -252,12 +252,9 @@ func (a *aim) update(free []int, now time.Time, delay func(i int) time.Duration)
 
 // apply folds one watch event into what the waiter knows.
 func (w *waiter) apply(ev watch.Event) {
-	if ev.Type == watch.Error {
-		if status := apierrors.FromObject(ev.Object); apierrors.IsResourceExpired(status) || apierrors.IsGone(status) {
-			w.rv = "" // too old to resume from: list again
-		} else {
-			w.g.log.Warn("watching the pull slots failed; will retry", "err", status)
-		}
+	if ev.Type == watch.Error { // 410 Gone (too old to resume from), or another failure: list again
+		w.g.log.Debug("the watch of the pull slots ended with an error; listing them again", "err", apierrors.FromObject(ev.Object))
+		w.rv = ""
 		return
 	}
 	l, ok := ev.Object.(*coordinationv1.Lease)
