@@ -208,13 +208,8 @@ func TestCRIOImageGCRepair(t *testing.T) {
 	refs := images(t, 730, "crio-gc")
 	deployRefresh(t, "crio-gc", list(refs...), 3*time.Second)
 	waitLabel(t, "crio-gc", "succeeded", 3*time.Minute)
-	cri, err := c.Nodes()[0].CRI()
-	if err != nil {
+	if err := c.Nodes()[0].Remove(context.Background(), refs[0]); err != nil {
 		t.Fatal(err)
-	}
-	defer cri.Close()
-	if _, err := cri.Images.RemoveImage(context.Background(), &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: refs[0]}}); err != nil {
-		t.Fatalf("remove %s from CRI-O: %v", refs[0], err)
 	}
 	removed := time.Now()
 	for !present(t, refs[0]) {

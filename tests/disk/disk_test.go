@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
@@ -219,16 +218,11 @@ func (w *conditions) pressure() []string {
 // next test finds room.
 func removeAll(t *testing.T, refs []string) {
 	t.Helper()
-	cri, err := c.Nodes()[0].CRI()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cri.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, ref := range refs {
-		if _, err := cri.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-			t.Errorf("remove %s: %v", ref, err)
+		if err := c.Nodes()[0].Remove(ctx, ref); err != nil {
+			t.Error(err)
 		}
 	}
 }

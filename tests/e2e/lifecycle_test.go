@@ -101,7 +101,7 @@ func Test07ImageGC(t *testing.T) {
 	// removed is taken before the call: the image cannot be gone earlier,
 	// so the measured repair time is never shorter than the real one.
 	removed := time.Now()
-	if err := removeOn(ctx, n, refs[0]); err != nil {
+	if err := n.Remove(ctx, refs[0]); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := n.HasImage(ctx, refs[0]); err != nil || ok {

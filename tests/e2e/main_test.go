@@ -560,18 +560,6 @@ func (e env) logLine(t *testing.T, ns, pod, container string, since time.Time, w
 	return at, found
 }
 
-func removeOn(ctx context.Context, n *cluster.Node, ref string) error {
-	cri, err := n.CRI()
-	if err != nil {
-		return err
-	}
-	defer cri.Close()
-	if _, err := cri.Images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-		return fmt.Errorf("%s: remove %s: %w", n.Name, ref, err)
-	}
-	return nil
-}
-
 // assertImages checks through each node's CRI that every ref is present
 // (want true) or absent (want false).
 func assertImages(t *testing.T, nodes []*cluster.Node, refs []string, want bool) {
@@ -623,7 +611,7 @@ func forgetImages(t *testing.T, refs ...string) {
 		defer cancel()
 		for _, n := range c.Nodes() {
 			for _, ref := range refs {
-				if err := removeOn(ctx, n, ref); err != nil {
+				if err := n.Remove(ctx, ref); err != nil {
 					t.Errorf("clean-up: %v", err)
 				}
 			}

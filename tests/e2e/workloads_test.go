@@ -471,7 +471,7 @@ func forgetRefs(t *testing.T, refs []string) {
 	defer cancel()
 	for _, n := range c.Nodes() {
 		for _, ref := range refs {
-			if err := removeOn(ctx, n, ref); err != nil {
+			if err := n.Remove(ctx, ref); err != nil {
 				t.Errorf("clean-up: %v", err)
 			}
 		}
