@@ -35,6 +35,9 @@ type Run struct {
 	// WatchRestarts is how often the apiserver ended the harness's own
 	// watch on the Leases (it lists again; a list is a sample too).
 	WatchRestarts int
+	// PropagationP50 and P99: how long a slot write took, in the steady
+	// state, from its writer's stamp to the harness's watch.
+	PropagationP50, PropagationP99 time.Duration `json:",omitempty"`
 	// Lost counts slots lost while held.
 	Lost int
 	// HandOvers are the slot hand-overs counted (see analyze), with their

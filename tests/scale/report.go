@@ -101,10 +101,13 @@ func (r Report) Markdown() string {
 			ms(run.HandOverP50), ms(run.HandOverP99), ms(run.HandOverMax), run.HandOvers,
 			run.PeakHeldAgents, run.PeakHeldAPI, run.PeakPulling, ms(run.CPUPerAgent()), size(run.RSSPerAgent()), float64(run.Served)/float64(run.Needed))
 	}
-	b.WriteString("\nRates are over the steady-state window. How to read the waiters' cost: a waiting node costs nothing while nothing changes, and each hand-over costs the writes of the racers that lose it (409 Conflict) and a list and watch every 5–10 min per waiter (the slow resync); spread over the waiting nodes, that is (slots taken per second × requests per slot taken) ÷ waiting nodes. Here the registry gives a node its set in K × set ÷ C (1 s at K=10), so slots are taken C ÷ set = 10 times per second whatever K; in a cluster where a node pulls for minutes, slots change hands a hundred times more slowly, and so does that cost. Every run's labels were read back from the API:\n\n")
+	b.WriteString("\nRates are over the steady-state window. How to read the waiters' cost: a waiting node costs nothing while nothing changes, and each hand-over costs the writes of the racers that lose it (409 Conflict) and a list and watch every 5–10 min per waiter (the slow resync); spread over the waiting nodes, that is (slots taken per second × requests per slot taken) ÷ waiting nodes. Here a node pulls for 15–60 s (37.5 s on average), so slots change hands K ÷ 37.5 s times a second: 1.3 at K = 50, 2.7 at K = 100. The racers for one slot are those that write before the first write reaches them: about e^(p ÷ 0.375 s) for a propagation p, so they grow fast once the apiserver delivers writes slowly. Every run's labels were read back from the API:\n\n")
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "- %s: every agent asked for a slot by %.1f s, the first held one at %.1f s; %d succeeded, %d failed, %d agents without a label, %d left; %d slots lost while held; %d hand-overs never completed; %d pulls cancelled; %d take answers lost; the harness's Lease watch ended by the apiserver %d times; steady-state window %.1f–%.1f s",
 			run.Config.Name(), run.AllWaiting.Seconds(), run.FirstHold.Seconds(), run.Succeeded, run.Failed, run.AgentFailures, run.Left, run.Lost, run.HandOverMissing, run.Cancelled, run.AnswersLost, run.WatchRestarts, run.WindowStart.Seconds(), run.WindowEnd.Seconds())
+		if run.PropagationP99 > 0 {
+			fmt.Fprintf(&b, "; a slot write reached the harness's watch %s / %s (p50 / p99) after its writer sent it", ms(run.PropagationP50), ms(run.PropagationP99))
+		}
 		switch c := run.Config; {
 		case c.Faulty() && c.LostAnswers == 0 && run.Fault.Start == 0:
 			b.WriteString("; the run ended before the fault")

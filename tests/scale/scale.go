@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -486,13 +487,22 @@ func (h *harness) startProc(ctx context.Context, spec agentsSpec, logPath string
 }
 
 // leaseWatch follows the instance's slot Leases from the API and keeps the
-// largest number held at once.
+// largest number held at once, and how long each write took to reach it.
 type leaseWatch struct {
 	mu       sync.Mutex
 	holders  map[string]string
 	peak     int
 	errs     []string
 	restarts int
+	seen     []propagation
+}
+
+// propagation is a write seen by the watch at at, d after its writer
+// stamped renewTime just before sending it (one machine, one clock): the
+// write's own latency and the watch's delivery, as a waiting node sees it.
+type propagation struct {
+	at time.Time
+	d  time.Duration
 }
 
 func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
@@ -564,6 +574,9 @@ func (lw *leaseWatch) follow(ctx context.Context, w watch.Interface) {
 			continue
 		}
 		lw.mu.Lock()
+		if now := time.Now(); ev.Type == watch.Modified && l.Spec.RenewTime != nil {
+			lw.seen = append(lw.seen, propagation{now, now.Sub(l.Spec.RenewTime.Time)})
+		}
 		if ev.Type == watch.Deleted || l.Spec.HolderIdentity == nil {
 			delete(lw.holders, l.Name)
 		} else if *l.Spec.HolderIdentity != "" {
@@ -588,6 +601,23 @@ func (lw *leaseWatch) Errors() []string {
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
 	return lw.errs
+}
+
+// Propagation is the median and 99th percentile of the writes seen between from and to.
+func (lw *leaseWatch) Propagation(from, to time.Time) (p50, p99 time.Duration) {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	var ds []time.Duration
+	for _, p := range lw.seen {
+		if !p.at.Before(from) && p.at.Before(to) {
+			ds = append(ds, p.d)
+		}
+	}
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], ds[len(ds)*99/100]
 }
 
 // Peak is the most Leases seen naming a holder at once.
@@ -730,6 +760,7 @@ func (h *harness) run(ctx context.Context, cfg Config) (*Run, error) {
 	run.Usage = usage
 	run.PeakHeldAPI = lw.Peak()
 	run.WatchRestarts = lw.Restarts()
+	run.PropagationP50, run.PropagationP99 = lw.Propagation(t0.Add(run.WindowStart), t0.Add(run.WindowEnd))
 	if errs := lw.Errors(); len(errs) > 0 {
 		return nil, fmt.Errorf("the watch on the slot Leases failed, so the peak it saw is not the run's: %s", strings.Join(errs, "; "))
 	}
