@@ -125,3 +125,19 @@ func TestAnalyzeRefill(t *testing.T) {
 		t.Errorf("refilled at %v after %d losses, want 55s after 2", run.Refilled, run.Lost)
 	}
 }
+
+// The propagation counts only the writes seen inside the window.
+func TestPropagationInWindow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	lw := &leaseWatch{}
+	for i := range 100 {
+		lw.seen = append(lw.seen, propagation{t0.Add(time.Duration(i) * time.Second), time.Duration(i+1) * time.Millisecond})
+	}
+	lw.seen = append(lw.seen, propagation{t0.Add(-time.Second), time.Hour}, propagation{t0.Add(100 * time.Second), time.Hour})
+	if p50, p99 := lw.Propagation(t0, t0.Add(100*time.Second)); p50 != 51*time.Millisecond || p99 != 100*time.Millisecond {
+		t.Errorf("p50 %v p99 %v, want 51ms and 100ms (the writes outside the window left out)", p50, p99)
+	}
+	if p50, p99 := (&leaseWatch{}).Propagation(t0, t0.Add(time.Second)); p50 != 0 || p99 != 0 {
+		t.Errorf("no writes: p50 %v p99 %v, want 0", p50, p99)
+	}
+}
