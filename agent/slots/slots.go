@@ -136,7 +136,8 @@ func SlotName(instance string, i int) string {
 // must Release the result.
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
-	h, err := g.newWaiter(ctx).wait()
+	w := g.newWaiter(ctx)
+	h, err := w.wait()
 	if err != nil {
 		return nil, err
 	}
