@@ -240,7 +240,17 @@ func TestTagAndDigestRecordRemoved(t *testing.T) {
 		fresh(ctx, t, n, ref)
 		const instance = "removal-tag-digest"
 		key := labelDomain + instance
-		logs := startWatch(ctx, t, n, n.node.CRISocket, instance, ref)
+		// On containerd, through a proxy that counts the events reaching
+		// the agent: a deletion before containerd has registered the
+		// agent's subscription has no event (the next check finds it), so
+		// the removal waits until a probe's deletion has reached it.
+		socket, record := n.node.CRISocket, cluster.RegistryAddr+"/"+repo+"@"+d.String()
+		var proxy *criProxy
+		if n.rt != cluster.CRIO {
+			proxy = startCRIProxy(t, socket)
+			socket = proxy.Socket
+		}
+		logs := startWatch(ctx, t, n, socket, instance, ref)
 		if _, err := c.WaitNode(ctx, n.node.Name, cluster.LabelIs(key, "succeeded", "")); err != nil {
 			t.Fatalf("first check: %v\n%s", err, logs)
 		}
@@ -255,10 +265,11 @@ func TestTagAndDigestRecordRemoved(t *testing.T) {
 					records = append(records, name)
 				}
 			}
-			if want := cluster.RegistryAddr + "/" + repo + "@" + d.String(); len(records) != 1 || records[0] != want {
-				t.Fatalf("containerd records %s as %v, want only %s", ref, records, want)
+			if len(records) != 1 || records[0] != record {
+				t.Fatalf("containerd records %s as %v, want only %s", ref, records, record)
 			}
-			ctr(ctx, t, n, "images", "rm", records[0])
+			eventsReachAgent(ctx, t, n, proxy, record)
+			ctr(ctx, t, n, "images", "rm", record)
 		}
 		removed := time.Now()
 		if ok, err := n.node.HasImage(ctx, ref); ok || err != nil {
