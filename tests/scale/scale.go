@@ -617,7 +617,7 @@ func (lw *leaseWatch) Propagation(from, to time.Time) (p50, p99 time.Duration) {
 		return 0, 0
 	}
 	slices.Sort(ds)
-	return ds[len(ds)/2], ds[len(ds)*99/100]
+	return percentile(ds, 0.50), percentile(ds, 0.99)
 }
 
 // Peak is the most Leases seen naming a holder at once.
