@@ -17,12 +17,24 @@ import (
 )
 
 // waitRolledOut waits until the controller has rolled the instance's
-// DaemonSet's current generation out to want ready pods.
+// DaemonSet's current generation out to want ready pods. The current
+// generation is read first, by a list the apiserver serves consistently:
+// the watch's first list asks for any version, and the watch cache may
+// still hold the DaemonSet from before an update, fully rolled out (a
+// fresh-clone run failed so).
 func waitRolledOut(t *testing.T, in *instance, want int32) {
 	t.Helper()
-	waitDaemonSet(t, in, fmt.Sprintf("rolled out to %d ready pods", want), func(ds *appsv1.DaemonSet) bool {
+	list, err := cs.AppsV1().DaemonSets(in.namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + in.name})
+	if err != nil {
+		t.Fatalf("list the DaemonSet of %s: %v", in.name, err)
+	}
+	if len(list.Items) != 1 {
+		t.Fatalf("%d DaemonSets of %s, want 1", len(list.Items), in.name)
+	}
+	gen := list.Items[0].Generation
+	waitDaemonSet(t, in, fmt.Sprintf("rolled out generation %d to %d ready pods", gen, want), func(ds *appsv1.DaemonSet) bool {
 		s := ds.Status
-		return s.ObservedGeneration == ds.Generation && s.DesiredNumberScheduled == want && s.UpdatedNumberScheduled == want && s.NumberReady == want && s.NumberAvailable == want
+		return ds.Generation >= gen && s.ObservedGeneration == ds.Generation && s.DesiredNumberScheduled == want && s.UpdatedNumberScheduled == want && s.NumberReady == want && s.NumberAvailable == want
 	})
 }
 
