@@ -148,13 +148,17 @@ endef
 
 .PHONY: test-phases phase-unit phase-kube phase-host-deps phase-containerd phase-cri-o phase-build phase-e2e
 test:
-	@mkdir -p $(dir $(TEST_PHASES)); : > $(TEST_PHASES); t0=$$(date +%s); rc=0; \
+	@mkdir -p $(dir $(TEST_PHASES)); : > $(TEST_PHASES); rm -f $(E2E_LOG); t0=$$(date +%s); rc=0; \
 	 $(MAKE) --no-print-directory -j test-phases T0=$$t0 || rc=$$?; \
 	 echo ">> make test: phase times (the phases before e2e overlap)"; \
 	 awk -v total=$$(( $$(date +%s) - t0 )) -v rc=$$rc ' \
 	   function d(x) { return sprintf("%dm%02ds", x / 60, x % 60) } \
 	   { printf ">>   %-10s start +%-7s took %-7s %s\n", $$1, d($$2), d($$3), ($$4 == 0 ? "ok" : "FAILED (exit " $$4 ")") } \
 	   END { printf ">>   %-10s %s, %s\n", "total", d(total), (rc == 0 ? "passed" : "FAILED") }' $(TEST_PHASES); \
+	 if [ $$rc -ne 0 ] && [ -s $(E2E_LOG) ]; then \
+	   echo ">> what failed (the whole output: $(E2E_LOG))"; \
+	   grep -E -- '^ *--- FAIL|^FAIL|^panic:' $(E2E_LOG) | head -n 25 || true; \
+	 fi; \
 	 exit $$rc
 
 test-phases: phase-e2e
@@ -189,7 +193,10 @@ unit:
 E2E_PARALLEL ?= 3
 E2E_FIRST    := e2e conformance slots runtimes interact examples pins readiness
 E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./tests/,$(E2E_FIRST)),$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}./{{slice .ImportPath (len "$(MODULE)/")}}{{end}}' ./tests/...))
-E2E_TEST      = echo ">> tests against real components, $(E2E_PARALLEL) packages at a time" && go test -p $(E2E_PARALLEL) -timeout 60m -v $(E2E_PKGS)
+# The whole output also goes to $(E2E_LOG): make test names the failed
+# tests at its very end, where a CI log's tail shows them.
+E2E_LOG      := $(CURDIR)/out/e2e.log
+E2E_TEST      = echo ">> tests against real components, $(E2E_PARALLEL) packages at a time" && go test -p $(E2E_PARALLEL) -timeout 60m -v $(E2E_PKGS) 2>&1 | tee $(E2E_LOG)
 e2e: build tools host-deps kube runtimes oci
 	@$(E2E_TEST)
 
