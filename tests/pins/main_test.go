@@ -19,9 +19,9 @@
 package pins_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -87,16 +87,26 @@ func uninstall(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	// The agent's last words, for when the pins it should remove stay.
+	// Running is not enough: a SIGTERM in the process's first moments,
+	// before its handler is in place, ends it at once (a fresh-clone run
+	// under load failed so, with an empty log). watch logs that it is
+	// watching once the handler is there.
 	for _, p := range pods.Items {
 		stream, err := cs.CoreV1().Pods(name).GetLogs(p.Name, &corev1.PodLogOptions{Container: "watch", Follow: true}).Stream(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
-		done := make(chan struct{})
+		done, watching := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(done)
-			_, _ = io.Copy(&out, stream)
+			var once sync.Once
+			for sc := bufio.NewScanner(stream); sc.Scan(); {
+				out.Write(append(sc.Bytes(), '\n'))
+				if strings.Contains(sc.Text(), "msg=watching") || strings.Contains(sc.Text(), "waiting for SIGTERM") {
+					once.Do(func() { close(watching) })
+				}
+			}
 		}()
 		t.Cleanup(func() {
 			stream.Close()
@@ -105,6 +115,13 @@ func uninstall(t *testing.T, name string) {
 				t.Logf("log of %s/%s, watch:\n%s", name, p.Name, out.String())
 			}
 		})
+		select {
+		case <-watching:
+		case <-done:
+			t.Fatalf("the watch log of %s/%s ended before it said it was watching", name, p.Name)
+		case <-ctx.Done():
+			t.Fatalf("%s/%s: watch did not say it was watching: %v", name, p.Name, ctx.Err())
+		}
 	}
 	c.Uninstall(ctx, t, name)
 }
