@@ -150,11 +150,14 @@ func retryAfterCut(ctx context.Context, t *testing.T, n *node, client *cri.Clien
 }
 
 // TestSlowPullIsNotCut runs the agent against a registry that serves an
-// 8 MiB image at 1 MiB/s, with an attempt timeout of 3 s. On containerd the
+// 8 MiB image at 1 MiB/s, with an attempt timeout of 5 s. On containerd the
 // agent sees the bytes arriving and lets the one attempt finish: the
-// registry serves the image exactly once. CRI-O reports no progress, so
-// its attempts are cut at 3 s, then 6 s, and the third (12 s) gets it:
-// what it served before is wasted, as TestCancelledPullStartsOver shows.
+// registry serves the image exactly once. containerd stores a blob 1 MiB
+// at a time, so each of the two layers, at 0.5 MiB/s, grows every 2 s: a
+// timeout of 3 s left too little room under load (a fresh-clone run saw
+// no growth for 3 s). CRI-O reports no progress, so its first attempt is
+// cut at 5 s and the second (10 s) gets it: what the first was served is
+// wasted, as TestCancelledPullStartsOver shows.
 func TestSlowPullIsNotCut(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, n *node) {
 		createNode(t, n)
@@ -174,7 +177,7 @@ func TestSlowPullIsNotCut(t *testing.T) {
 		fresh(ctx, t, n, ref)
 		since := len(c.Registry().Requests(registry.Match{}))
 		res := runAgent(ctx, t, n, "slow-pull", []string{ref},
-			[]string{"--initial-pull-attempt-timeout=3s", "--max-pull-attempt-timeout=12s", "--overall-timeout=90s", "--log-level=debug"})
+			[]string{"--initial-pull-attempt-timeout=5s", "--max-pull-attempt-timeout=12s", "--overall-timeout=90s", "--log-level=debug"})
 		var served int64
 		for _, q := range c.Registry().Requests(registry.Match{})[since:] {
 			if q.Method == "GET" && strings.HasPrefix(q.Path, "/v2/"+repo+"/blobs/") {
