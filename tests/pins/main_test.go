@@ -101,7 +101,9 @@ func uninstall(t *testing.T, name string) {
 		go func() {
 			defer close(done)
 			var once sync.Once
-			for sc := bufio.NewScanner(stream); sc.Scan(); {
+			sc := bufio.NewScanner(stream)
+			sc.Buffer(nil, 1<<20) // a summary of 150 images is one line
+			for sc.Scan() {
 				out.Write(append(sc.Bytes(), '\n'))
 				if strings.Contains(sc.Text(), "msg=watching") || strings.Contains(sc.Text(), "waiting for SIGTERM") {
 					once.Do(func() { close(watching) })
