@@ -24,6 +24,7 @@ func untoleratedNoExecuteTaint(t *testing.T) {
 		return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
 	})
 	waitRolledOut(t, in, 1)
+	waitWatching(t, in) // its watch removes the key
 	taintNode(t, 0, corev1.Taint{Key: key, Value: "x", Effect: corev1.TaintEffectNoExecute})
 	waitNode(t, node, "the key gone with the evicted pod", 2*time.Minute, func(n *corev1.Node) (bool, string) {
 		_, has := n.Labels[in.key()]

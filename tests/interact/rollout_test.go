@@ -38,6 +38,24 @@ func waitRolledOut(t *testing.T, in *instance, want int32) {
 	})
 }
 
+// waitWatching waits until the watch of each of the instance's pods has
+// said that it is watching (cluster.FollowWatch): a SIGTERM before then
+// ends it without settling the key.
+func waitWatching(t *testing.T, in *instance) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, p := range podsOf(t, in) {
+		w, err := c.FollowWatch(ctx, in.namespace, p.Name)
+		if err == nil {
+			err = w.Watching(ctx)
+		}
+		if err != nil {
+			t.Fatalf("%s/%s: %v", in.namespace, p.Name, err)
+		}
+	}
+}
+
 // waitDaemonSet waits, on a watch of the instance's DaemonSet, until cond
 // holds.
 func waitDaemonSet(t *testing.T, in *instance, what string, cond func(*appsv1.DaemonSet) bool) {
@@ -134,6 +152,7 @@ func rolloutChangingTheListWithoutAnAgent(t *testing.T) {
 		return n.Labels[in.key()] == "succeeded" && pinsImages(n, in.key(), 2), keyState(n, in.key(), "")
 	})
 	waitRolledOut(t, in, 1)
+	waitWatching(t, in) // its watch marks the key failed
 	mark := pin.MarkKey(in.namespace, in.name)
 	for _, ref := range []string{left, kept} {
 		if pinned, l := pinOf(t, 1, ref); !pinned || l[mark] == "" {

@@ -19,8 +19,6 @@
 package pins_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"os"
 	"strings"
@@ -86,43 +84,21 @@ func uninstall(t *testing.T, name string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// The agent's last words, for when the pins it should remove stay.
-	// Running is not enough: a SIGTERM in the process's first moments,
-	// before its handler is in place, ends it at once (a fresh-clone run
-	// under load failed so, with an empty log). watch logs that it is
-	// watching once the handler is there.
+	// The agent's last words, for when the pins it should remove stay;
+	// and running is not enough: watch must have said it is watching.
 	for _, p := range pods.Items {
-		stream, err := cs.CoreV1().Pods(name).GetLogs(p.Name, &corev1.PodLogOptions{Container: "watch", Follow: true}).Stream(ctx)
+		w, err := c.FollowWatch(ctx, name, p.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out bytes.Buffer
-		done, watching := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(done)
-			var once sync.Once
-			sc := bufio.NewScanner(stream)
-			sc.Buffer(nil, 1<<20) // a summary of 150 images is one line
-			for sc.Scan() {
-				out.Write(append(sc.Bytes(), '\n'))
-				if strings.Contains(sc.Text(), "msg=watching") || strings.Contains(sc.Text(), "waiting for SIGTERM") {
-					once.Do(func() { close(watching) })
-				}
-			}
-		}()
 		t.Cleanup(func() {
-			stream.Close()
-			<-done
+			w.Ended()
 			if t.Failed() {
-				t.Logf("log of %s/%s, watch:\n%s", name, p.Name, out.String())
+				t.Logf("log of %s/%s, watch:\n%s", name, p.Name, w)
 			}
 		})
-		select {
-		case <-watching:
-		case <-done:
-			t.Fatalf("the watch log of %s/%s ended before it said it was watching", name, p.Name)
-		case <-ctx.Done():
-			t.Fatalf("%s/%s: watch did not say it was watching: %v", name, p.Name, ctx.Err())
+		if err := w.Watching(ctx); err != nil {
+			t.Fatalf("%s/%s: %v", name, p.Name, err)
 		}
 	}
 	c.Uninstall(ctx, t, name)
