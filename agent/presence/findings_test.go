@@ -99,3 +99,23 @@ func TestMovedTagIsNoRemoval(t *testing.T) {
 	ev.names <- a.ID
 	g.noReport(t)
 }
+
+// A deletion after the look that follows a subscription, before the
+// runtime has registered the subscription, has no event: the look at
+// settle finds it.
+func TestDeletionBeforeTheSubscriptionCounts(t *testing.T) {
+	rt := newRuntime()
+	_, _, g, _ := startFollowing(t, rt, []Image{a, b})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, n := rt.calls(); n >= 2 {
+			break // the first look asked about a and b
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no look after subscribing")
+		}
+	}
+	rt.set(a.Ref, "") // and no event
+	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
+		t.Errorf("gone %v, want a", got)
+	}
+}

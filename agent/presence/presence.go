@@ -32,6 +32,13 @@ const DefaultInterval = 10 * time.Second
 // watch for good.
 const callTimeout = 10 * time.Second
 
+// settle is when a subscription looks a second time. containerd registers
+// a subscription some time after its stream opens and says nothing when,
+// so a deletion between the first look and then has no event: on a loaded
+// node, an image removed 0.3 s after the agent subscribed went unseen
+// until the next check, 10 min later (tests/disk).
+const settle = 2 * time.Second
+
 // maxRetry is the longest wait before a failed look is tried again.
 const maxRetry = 10 * time.Second
 
@@ -184,7 +191,11 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		start := time.Now()
 		// Each subscription looks at once: what happened while the stream
 		// was down (a runtime wiped while stopped) has no event.
-		err := w.Events.WatchImageDeletes(ctx, subscribed, w.trigger)
+		first := subscribed
+		err := w.Events.WatchImageDeletes(ctx, func() {
+			first()
+			time.AfterFunc(settle, w.trigger)
+		}, w.trigger)
 		subscribed = func() {
 			w.mu.Lock()
 			w.restarted = true

@@ -242,8 +242,9 @@ func TestTagAndDigestRecordRemoved(t *testing.T) {
 		key := labelDomain + instance
 		// On containerd, through a proxy that counts the events reaching
 		// the agent: a deletion before containerd has registered the
-		// agent's subscription has no event (the next check finds it), so
-		// the removal waits until a probe's deletion has reached it.
+		// agent's subscription has no event (the look 2 s after subscribing
+		// finds it, and this test is about the event), so the removal
+		// waits until a probe's deletion has reached it.
 		socket, record := n.node.CRISocket, cluster.RegistryAddr+"/"+repo+"@"+d.String()
 		var proxy *criProxy
 		if n.rt != cluster.CRIO {
