@@ -35,7 +35,7 @@ const callTimeout = 10 * time.Second
 // settle is when a subscription looks a second time. containerd registers
 // a subscription some time after its stream opens and says nothing when,
 // so a deletion between the first look and then has no event: on a loaded
-// node, an image removed 0.3 s after the agent subscribed went unseen
+// node, an image deleted 0.19 s after the agent started watching went unseen
 // until the next check, 10 min later (tests/disk).
 const settle = 2 * time.Second
 
