@@ -191,11 +191,14 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		start := time.Now()
 		// Each subscription looks at once: what happened while the stream
 		// was down (a runtime wiped while stopped) has no event.
-		first := subscribed
+		first, late := subscribed, (*time.Timer)(nil)
 		err := w.Events.WatchImageDeletes(ctx, func() {
 			first()
-			time.AfterFunc(settle, w.trigger)
+			late = time.AfterFunc(settle, w.trigger)
 		}, w.trigger)
+		if late != nil {
+			late.Stop() // CRI-O opens the stream, then answers Unimplemented
+		}
 		subscribed = func() {
 			w.mu.Lock()
 			w.restarted = true

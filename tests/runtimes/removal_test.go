@@ -31,8 +31,9 @@ const idleWindow = 30 * time.Second
 // the removal watch can notice anything within the test:
 //
 //   - idle for 30 s once the label is succeeded, the agent makes at most 6
-//     runtime calls a minute (0 on containerd, whose event stream it
-//     follows; one ListImages per 10 s on CRI-O);
+//     runtime calls a minute (on containerd, whose event stream it
+//     follows, only the look 2 s after subscribing; one ListImages per
+//     10 s on CRI-O);
 //   - the image is removed with the runtime's tool (`ctr images rm` on
 //     containerd; on CRI-O the CRI RemoveImage that `crictl rmi` and the
 //     kubelet's image GC send): the label is failed, reason Removed,
