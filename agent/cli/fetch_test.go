@@ -501,12 +501,14 @@ func TestFetchLabelingFailureExitsNonZero(t *testing.T) {
 		err   error // answer to every patch; nil: no reactor
 		extra []string
 	}{
-		{"forbidden", apierrors.NewForbidden(corev1.Resource("nodes"), testNode, errors.New("denied by the admission policy")), nil},
+		// Refused past the retry budget (a restarted apiserver refuses
+		// for a while, so refusals are retried within it).
+		{"forbidden", apierrors.NewForbidden(corev1.Resource("nodes"), testNode, errors.New("denied")), []string{"--label-retry-timeout=1ms"}},
 		{"unavailable past the retry budget", apierrors.NewServiceUnavailable("etcd down"), []string{"--label-retry-timeout=1ms"}},
 		{"node not found", nil, []string{"--node-name=ghost"}},
 		// A labeling failure outranks --fail-on-error's 3: the run did
 		// not finish.
-		{"with --fail-on-error and a failed image", apierrors.NewForbidden(corev1.Resource("nodes"), testNode, errors.New("denied")), []string{"--fail-on-error", "typo:1"}},
+		{"with --fail-on-error and a failed image", apierrors.NewForbidden(corev1.Resource("nodes"), testNode, errors.New("denied")), []string{"--fail-on-error", "--label-retry-timeout=1ms", "typo:1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -301,6 +301,10 @@ type Labeler struct {
 	Log   *slog.Logger
 	// RetryFor bounds the retries of transient API errors (2m by default).
 	RetryFor time.Duration
+	// RefusedFor bounds, within RetryFor, the retries of refusals (403,
+	// 401): a restarted apiserver refuses until its RBAC and token caches
+	// are filled (30s by default, as agent/slots' ForbiddenFor).
+	RefusedFor time.Duration
 	// AttemptTimeout bounds one API call (10s by default).
 	AttemptTimeout time.Duration
 	// InitialBackoff is the first wait between retries (500ms by default).
@@ -385,6 +389,13 @@ func (l *Labeler) retryFor() time.Duration {
 	return l.RetryFor
 }
 
+func (l *Labeler) refusedFor() time.Duration {
+	if l.RefusedFor <= 0 {
+		return 30 * time.Second
+	}
+	return l.RefusedFor
+}
+
 func (l *Labeler) attemptTimeout() time.Duration {
 	if l.AttemptTimeout <= 0 {
 		return 10 * time.Second
@@ -420,6 +431,7 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 			}
 		}
 	}
+	var refusedSince time.Time
 	for attempt := 1; ; attempt++ {
 		if ctx.Err() != nil {
 			if err == nil {
@@ -440,7 +452,10 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		if ctx.Err() != nil {
 			return fmt.Errorf("patch node %s: stopped: %w (%w)", l.Node, context.Cause(ctx), err)
 		}
-		if !Retryable(err) {
+		if refusal(err) && refusedSince.IsZero() {
+			refusedSince = time.Now()
+		}
+		if !Retryable(err) && !(refusal(err) && time.Since(refusedSince) < l.refusedFor()) {
 			return fmt.Errorf("patch node %s: %w", l.Node, err)
 		}
 		left := time.Until(deadline)
@@ -452,6 +467,12 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 		sleep(d)
 		wait = min(2*wait, 15*time.Second)
 	}
+}
+
+// refusal: the apiserver refused us, which a restarted one does for a
+// while; an instance that owns the key refuses for good.
+func refusal(err error) bool {
+	return (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) && !IsOwnerConflict(err)
 }
 
 // Retryable reports whether an API error may go away by itself. Errors that

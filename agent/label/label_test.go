@@ -124,7 +124,7 @@ func TestApplyGivesUpOnPermanentErrors(t *testing.T) {
 	calls := 0
 	c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		calls++
-		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n1", fmt.Errorf("denied"))
+		return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, "n1", nil)
 	})
 	l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) {}}
 	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || calls != 1 {
@@ -135,6 +135,40 @@ func TestApplyGivesUpOnPermanentErrors(t *testing.T) {
 	l.Nodes = c2.CoreV1().Nodes()
 	if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err == nil || !apierrors.IsNotFound(err) {
 		t.Errorf("missing node: %v", err)
+	}
+}
+
+// A restarted apiserver refuses (403, 401) until its caches are filled:
+// refusals are retried for RefusedFor, then given up.
+func TestApplyRetriesRefusalsForAWhile(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		refusal error
+	}{
+		{"forbidden", apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n1", fmt.Errorf("RBAC: not found"))},
+		{"unauthorized", apierrors.NewUnauthorized("invalid bearer token")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := fake.NewClientset(nodes()...)
+			calls, refusals := 0, 3
+			c.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				calls++
+				if calls <= refusals {
+					return true, nil, tt.refusal
+				}
+				return false, nil, nil
+			})
+			l := &Labeler{Nodes: c.CoreV1().Nodes(), Node: "n1", Key: key, Sleep: func(time.Duration) {}}
+			if err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now())); err != nil || calls != refusals+1 {
+				t.Errorf("restarted apiserver: err %v after %d calls, want success after %d", err, calls, refusals+1)
+			}
+			calls, refusals = 0, 1<<30
+			l.RefusedFor, l.Sleep = 20*time.Millisecond, func(time.Duration) { time.Sleep(5 * time.Millisecond) }
+			err := l.Apply(context.Background(), NewSummary(1, 1, nil, time.Second, time.Now()))
+			if err == nil || !errors.Is(err, tt.refusal) || calls < 2 || calls > 20 {
+				t.Errorf("refused for good: err %v after %d calls, want the refusal after a few", err, calls)
+			}
+		})
 	}
 }
 
