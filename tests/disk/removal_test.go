@@ -1,16 +1,13 @@
 package disk_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os/exec"
-	"strings"
-	"sync"
+	"regexp"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -33,7 +30,7 @@ func TestRemovalRepairedUnderHerdControl(t *testing.T) {
 	c.Deploy(t, instance, "  pull:\n    maxConcurrentNodes: 1\n  images:\n  - "+refs[0]+"\n")
 	waitNode(t, "labeled succeeded", 3*time.Minute, labeled(instance, "succeeded", ""))
 	logs := follow(t, instance, "watch")
-	logs.wait(t, "msg=watching")
+	waitLine(t, logs, "msg=watching")
 
 	// Another node takes the only slot, which the first pull left free.
 	cs, err := c.Clientset()
@@ -65,7 +62,7 @@ func TestRemovalRepairedUnderHerdControl(t *testing.T) {
 		t.Logf("labeled Removed %s after the removal", d.Round(100*time.Millisecond))
 	}
 
-	logs.wait(t, "all pull slots are busy; waiting")
+	waitLine(t, logs, "all pull slots are busy; waiting")
 	if ok, err := n.HasImage(ctx, refs[0]); ok || err != nil {
 		t.Errorf("the image was pulled again while the only slot was another node's (%v)", err)
 	}
@@ -77,19 +74,12 @@ func TestRemovalRepairedUnderHerdControl(t *testing.T) {
 	if ok, err := n.HasImage(ctx, refs[0]); !ok || err != nil {
 		t.Errorf("the label is succeeded again, but the image is not there (%v)", err)
 	}
-	logs.wait(t, "acquired pull slot")
+	waitLine(t, logs, "acquired pull slot")
 }
 
-// podLog follows one container's log from now on.
-type podLog struct {
-	mu      sync.Mutex
-	lines   []string
-	changed chan struct{}
-}
-
-// follow streams the log of container in instance's pod, from its start
+// follow follows the log of container in instance's pod, from its start
 // until the test ends, once the container runs.
-func follow(t *testing.T, instance, container string) *podLog {
+func follow(t *testing.T, instance, container string) *cluster.Log {
 	t.Helper()
 	cs, err := c.Clientset()
 	if err != nil {
@@ -117,54 +107,27 @@ func follow(t *testing.T, instance, container string) *podLog {
 		cancel()
 		t.Fatal(err)
 	}
-	stream, err := cs.CoreV1().Pods(instance).GetLogs(pod, &corev1.PodLogOptions{Container: container, Follow: true}).Stream(ctx)
+	l, err := c.FollowLog(ctx, instance, pod, container)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	l := &podLog{changed: make(chan struct{}, 1)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(stream)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			l.mu.Lock()
-			l.lines = append(l.lines, sc.Text())
-			l.mu.Unlock()
-			select {
-			case l.changed <- struct{}{}:
-			default:
-			}
-		}
-	}()
 	t.Cleanup(func() {
 		cancel()
-		stream.Close()
-		<-done
+		l.Ended()
 		if t.Failed() {
-			t.Logf("log of %s, %s:\n%s", instance, container, strings.Join(l.lines, "\n"))
+			t.Logf("log of %s, %s:\n%s", instance, container, l)
 		}
 	})
 	return l
 }
 
-// wait waits for a line containing s.
-func (l *podLog) wait(t *testing.T, s string) {
+// waitLine waits a minute at most for a line of l containing s.
+func waitLine(t *testing.T, l *cluster.Log, s string) {
 	t.Helper()
-	timeout := time.After(time.Minute)
-	for {
-		l.mu.Lock()
-		for _, line := range l.lines {
-			if strings.Contains(line, s) {
-				l.mu.Unlock()
-				return
-			}
-		}
-		l.mu.Unlock()
-		select {
-		case <-l.changed:
-		case <-timeout:
-			t.Fatalf("no log line with %q within a minute", s)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := l.Wait(ctx, regexp.MustCompile(regexp.QuoteMeta(s))); err != nil {
+		t.Fatal(err)
 	}
 }

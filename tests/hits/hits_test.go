@@ -11,7 +11,6 @@
 package hits_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -99,7 +98,13 @@ func TestHitsView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitLog(ctx, t, cs, agents[0], "watch", regexp.MustCompile(`msg=watching .*images=1 `))
+	watch, err := c.FollowLog(ctx, instance, agents[0].Name, "watch")
+	if err == nil {
+		err = watch.Wait(ctx, regexp.MustCompile(`msg=watching .*images=1 `))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	ds, cm := instanceObjects(ctx, t, cs)
 	cm.Data[v1alpha1.ImageListKey] += "ghcr.io/e2e/added:v1\n"
 	if _, err := cs.CoreV1().ConfigMaps(instance).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
@@ -195,23 +200,6 @@ func instanceObjects(ctx context.Context, t *testing.T, cs kubernetes.Interface)
 	}
 	t.Fatalf("DaemonSet %s has no volume %s", ds.Name, v1alpha1.ImageListVolume)
 	return nil, nil
-}
-
-// waitLog follows a container's log until a line matches want.
-func waitLog(ctx context.Context, t *testing.T, cs kubernetes.Interface, pod corev1.Pod, container string, want *regexp.Regexp) {
-	t.Helper()
-	stream, err := cs.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: container, Follow: true}).Stream(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stream.Close()
-	sc := bufio.NewScanner(stream)
-	for sc.Scan() {
-		if want.MatchString(sc.Text()) {
-			return
-		}
-	}
-	t.Fatalf("%s/%s: the log ended without a line matching %s: %v", pod.Name, container, want, sc.Err())
 }
 
 // waitPulled watches the kubelet's Pulled Events of the apps namespace

@@ -39,14 +39,14 @@ func waitRolledOut(t *testing.T, in *instance, want int32) {
 }
 
 // waitWatching waits until the watch of each of the instance's pods has
-// said that it is watching (cluster.FollowWatch): a SIGTERM before then
+// said that it is watching (cluster.Log.Watching): a SIGTERM before then
 // ends it without settling the key.
 func waitWatching(t *testing.T, in *instance) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, p := range podsOf(t, in) {
-		w, err := c.FollowWatch(ctx, in.namespace, p.Name)
+		w, err := c.FollowLog(ctx, in.namespace, p.Name, "watch")
 		if err == nil {
 			err = w.Watching(ctx)
 		}

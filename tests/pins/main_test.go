@@ -87,7 +87,7 @@ func uninstall(t *testing.T, name string) {
 	// The agent's last words, for when the pins it should remove stay;
 	// and running is not enough: watch must have said it is watching.
 	for _, p := range pods.Items {
-		w, err := c.FollowWatch(ctx, name, p.Name)
+		w, err := c.FollowLog(ctx, name, p.Name, "watch")
 		if err != nil {
 			t.Fatal(err)
 		}
