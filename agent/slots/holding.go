@@ -23,6 +23,7 @@ type Holding struct {
 	done        chan struct{}         // closed when the renew loop has ended
 	lease       *coordinationv1.Lease // as last written; Release reads it once the loop has ended
 	lost        chan struct{}
+	wasLost     bool // set as lost is closed; Release reads it after done
 	releaseOnce sync.Once
 }
 
@@ -65,8 +66,7 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 				return false, fmt.Errorf("the Lease names another holder: %q", holder(l))
 			}
 			t := metav1.NewMicroTime(start)
-			secs := int32(g.cfg.LeaseDuration / time.Second)
-			l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &t, &secs
+			l.Spec.RenewTime = &t
 			return true, nil
 		})
 		cancel()
@@ -74,6 +74,7 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
+			h.wasLost = true
 			close(h.lost)
 			g.log.Error("lost pull slot; this node no longer counts as a holder and stops pulling until it holds one again",
 				"slot", h.Name(), "holder", h.id, "lastRenewal", lastGood.Format(time.RFC3339Nano), "err", err)
@@ -93,20 +94,14 @@ func (h *Holding) Release() {
 	h.releaseOnce.Do(func() {
 		h.stop()
 		<-h.done
-		lost := false
-		select {
-		case <-h.lost:
-			lost = true
-		default:
-		}
 		g := h.g
 		ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.CallTimeout)
 		defer cancel()
 		defer context.AfterFunc(h.ctx, func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) })()
 		// A seed whose pull ended records it on its slot in the release.
-		seeded := h.seed && !lost && h.ctx.Err() == nil
+		seeded := h.seed && !h.wasLost && h.ctx.Err() == nil
 		if h.seed && !seeded {
-			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished", "slot", h.Name(), "lost", lost)
+			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished", "slot", h.Name(), "lost", h.wasLost)
 		}
 		if err := h.clear(ctx, seeded); err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",

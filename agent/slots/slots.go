@@ -86,9 +86,10 @@ type Config struct {
 
 // Gate hands out slots. It is safe for concurrent use.
 type Gate struct {
-	cfg    Config
-	leases LeaseClient
-	log    *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// selector picks the instance's slot Leases for the waiters' watch.
+	selector string
 	// The clock, the window a take's delay is drawn in and the first pause
 	// after a failed call (wait.go); tests replace them.
 	now           func() time.Time
@@ -97,21 +98,12 @@ type Gate struct {
 
 // New checks cfg and fills in defaults.
 func New(cfg Config) (*Gate, error) {
+	// The agent's flags are checked where they are read (agent/cli).
 	switch {
-	case cfg.Client == nil:
-		return nil, errors.New("slots: no Lease client")
-	case cfg.Namespace == "":
-		return nil, errors.New("slots: no namespace (set POD_NAMESPACE)")
-	case cfg.Instance == "":
-		return nil, errors.New("slots: no instance name")
 	case cfg.Slots < 1:
 		return nil, fmt.Errorf("slots: %d slots, need at least 1", cfg.Slots)
-	case cfg.SeedNodes < 0:
-		return nil, fmt.Errorf("slots: %d seed nodes, need 0 or more", cfg.SeedNodes)
 	case cfg.Identity == "":
 		return nil, errors.New("slots: no holder identity (set POD_NAME)")
-	case cfg.LeaseDuration < 0 || cfg.CallTimeout < 0 || cfg.ReleaseGrace < 0 || cfg.ForbiddenFor < 0:
-		return nil, errors.New("slots: negative duration")
 	}
 	// leaseDurationSeconds is whole: rounded up, never less than asked.
 	cfg.LeaseDuration = (cmp.Or(cfg.LeaseDuration, DefaultLeaseDuration) + time.Second - 1).Truncate(time.Second)
@@ -121,8 +113,9 @@ func New(cfg Config) (*Gate, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.SeedKey = cmp.Or(cfg.SeedKey, "true")
 	return &Gate{
-		cfg: cfg, leases: cfg.Client, log: cfg.Logger.With("component", "slots"),
-		now: time.Now, window: window, retry: minRetry,
+		cfg: cfg, log: cfg.Logger.With("component", "slots"),
+		selector: labels.SelectorFromSet(labels.Set{LabelInstance: cfg.Instance, LabelComponent: LabelComponentSlot}).String(),
+		now:      time.Now, window: window, retry: minRetry,
 	}, nil
 }
 
@@ -136,18 +129,13 @@ func SlotName(instance string, i int) string {
 // must Release the result.
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
-	w := g.newWaiter(ctx)
-	h, err := w.wait()
+	h, err := g.newWaiter(ctx).wait()
 	if err != nil {
 		return nil, err
 	}
 	g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
 		"waited", g.now().Sub(start).Round(time.Millisecond).String())
 	return h, nil
-}
-
-func seededBy(lease *coordinationv1.Lease, value string) bool {
-	return lease != nil && lease.Annotations[SeededAnnotation] == value
 }
 
 func holder(lease *coordinationv1.Lease) string {
@@ -177,26 +165,22 @@ func (g *Gate) taken(prev *coordinationv1.Lease, i int, id string, now time.Time
 	}
 	secs, t := int32(g.cfg.LeaseDuration/time.Second), metav1.NewMicroTime(now)
 	next.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &secs, AcquireTime: &t, RenewTime: &t, LeaseTransitions: &transitions}
-	next.Labels = labels.Merge(next.Labels, g.labels())
+	// The waiters' watch selects on these labels.
+	next.Labels = labels.Merge(next.Labels, map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot})
 	return next
-}
-
-// labels are on every slot Lease; the waiters' watch selects on them.
-func (g *Gate) labels() map[string]string {
-	return map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot}
 }
 
 // The API calls, each under its own timeout.
 func (g *Gate) get(ctx context.Context, name string) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
-	return g.leases.Get(ctx, name, metav1.GetOptions{})
+	return g.cfg.Client.Get(ctx, name, metav1.GetOptions{})
 }
 
 func (g *Gate) create(ctx context.Context, lease *coordinationv1.Lease) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
-	return g.leases.Create(ctx, lease, metav1.CreateOptions{})
+	return g.cfg.Client.Create(ctx, lease, metav1.CreateOptions{})
 }
 
 // update carries lease.ResourceVersion, so the apiserver rejects it with
@@ -204,5 +188,5 @@ func (g *Gate) create(ctx context.Context, lease *coordinationv1.Lease) (*coordi
 func (g *Gate) update(ctx context.Context, lease *coordinationv1.Lease) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
-	return g.leases.Update(ctx, lease, metav1.UpdateOptions{})
+	return g.cfg.Client.Update(ctx, lease, metav1.UpdateOptions{})
 }

@@ -21,13 +21,8 @@ func TestNewValidates(t *testing.T) {
 		change  func(*Config)
 		wantErr string
 	}{
-		{"no client", func(c *Config) { c.Client = nil }, "no Lease client"},
-		{"no namespace", func(c *Config) { c.Namespace = "" }, "POD_NAMESPACE"},
-		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
 		{"zero slots", func(c *Config) { c.Slots = 0 }, "at least 1"},
 		{"no identity", func(c *Config) { c.Identity = "" }, "POD_NAME"},
-		{"negative seeds", func(c *Config) { c.SeedNodes = -1 }, "seed"},
-		{"negative duration", func(c *Config) { c.ReleaseGrace = -time.Second }, "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

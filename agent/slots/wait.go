@@ -11,7 +11,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -30,8 +29,10 @@ import (
 // feedback suppression (Nonnenmacher and Biersack, 1998). Drawn uniformly
 // the writers grew with the herd (67 per slot taken at 1,000 nodes).
 //
-// A lost race (a conflict) skips that version of the slot; a failed
-// write backs off, 1 s doubling to 30 s. An ended watch is resumed from
+// A take's write is read in the watch too (send): a write whose answer
+// is lost holds the slot as soon as the watch shows it. A lost race (a
+// conflict) skips that version of the slot; a failed write backs off, 1 s
+// doubling to 30 s. An ended watch is resumed from
 // the last version seen, as client-go's reflector does; a 410 Gone or a
 // watch that ends at once with nothing in it lists again, never sooner
 // than a second after the last list. Each watch asks the apiserver to end
@@ -47,10 +48,13 @@ const (
 
 // waiter is the state of one Hold.
 type waiter struct {
-	g     *Gate
-	ctx   context.Context
-	id    string
-	names []string
+	g   *Gate
+	ctx context.Context
+	// id: our holder in the last take, new for every take; unsure: those
+	// of takes whose answer never came (a Lease naming one is ours).
+	id     string
+	unsure []string
+	names  []string
 	// By slot: free looks at every slot at every event, which by name
 	// took 9 µs at K = 100, 3.6 times the event's decoding (3.3 µs by
 	// slot; BenchmarkWaiterEvent). The latest version of each Lease; when
@@ -77,7 +81,7 @@ type waiter struct {
 
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
 	w := &waiter{
-		g: g, ctx: ctx, id: fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32()),
+		g: g, ctx: ctx,
 		seeded: g.cfg.SeedNodes == 0, retry: g.retry, aim: aim{slot: -1},
 		leases: make([]*coordinationv1.Lease, g.cfg.Slots), lostAt: make([]*coordinationv1.Lease, g.cfg.Slots),
 		since: make([]time.Time, g.cfg.Slots), denied: make([]bool, g.cfg.Slots),
@@ -112,7 +116,7 @@ func (w *waiter) wait() (*Holding, error) {
 			continue
 		}
 		if permanent(err) {
-			return nil, fmt.Errorf("list Leases %s/%s: %w", g.cfg.Namespace, g.selector(), err)
+			return nil, fmt.Errorf("list Leases %s/%s: %w", g.cfg.Namespace, g.selector, err)
 		}
 		if apierrors.IsForbidden(err) { // for good under an old Role; for a moment after a restart
 			if err := w.refused("list and watch Leases "+g.cfg.Namespace+" (the Role needs list and watch on leases: render the instance again)", err); err != nil {
@@ -137,16 +141,12 @@ func (w *waiter) backOff() time.Duration {
 	return d
 }
 
-func (g *Gate) selector() string {
-	return labels.SelectorFromSet(labels.Set{LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot}).String()
-}
-
 // list reads the instance's slots afresh and starts a watch from there.
 func (w *waiter) list() (watch.Interface, error) {
 	g := w.g
 	w.listedAt = g.now()
 	lctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
-	list, err := g.leases.List(lctx, metav1.ListOptions{LabelSelector: g.selector()})
+	list, err := g.cfg.Client.List(lctx, metav1.ListOptions{LabelSelector: g.selector})
 	cancel()
 	if err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func (w *waiter) list() (watch.Interface, error) {
 // watch follows the slots from the last version seen.
 func (w *waiter) watch() (watch.Interface, error) {
 	secs := int64((resync + mrand.N(resync+1)) / time.Second)
-	return w.g.leases.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.g.selector(), ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
+	return w.g.cfg.Client.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.g.selector, ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
 }
 
 // follow waits on the watch until it holds a slot. It returns (nil, nil)
@@ -211,7 +211,7 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 		case <-timer.C:
 			if i := w.aim.slot; i >= 0 && !g.now().Before(w.aim.at) {
 				w.aim.slot = -1 // whatever the outcome, aim anew
-				if h, err := w.take(i); h != nil || err != nil {
+				if h, err := w.take(stream, i); h != nil || err != nil {
 					return h, err
 				}
 			}
@@ -291,7 +291,7 @@ func (w *waiter) eligible() int {
 func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	g := w.g
 	for _, l := range w.leases {
-		if !w.seeded && seededBy(l, g.cfg.SeedKey) {
+		if !w.seeded && l != nil && l.Annotations[SeededAnnotation] == g.cfg.SeedKey {
 			w.seeded = true
 			g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 		}
@@ -302,7 +302,7 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 			continue
 		}
 		switch h := holder(l); {
-		case h == w.id:
+		case slices.Contains(w.unsure, h):
 			return []int{i}, time.Time{} // a lost answer's write: taken again at once
 		case h != "":
 			if expiry := w.since[i].Add(g.duration(l)); now.Before(expiry) {
@@ -319,11 +319,11 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 
 // delay is the wait before writing slot i: the window less an
 // exponential draw of mean window/8, not below 0, and not before a
-// failed call's pause has passed; a slot that names us (free then lists
-// it alone) is taken at once.
+// failed call's pause has passed; a slot that names an earlier take of
+// ours (free then lists it alone) is taken at once.
 func (w *waiter) delay(i int) time.Duration {
 	d := draw(w.g.window)
-	if holder(w.leases[i]) == w.id {
+	if slices.Contains(w.unsure, holder(w.leases[i])) {
 		d = 0
 	}
 	return max(d, w.quietUntil.Sub(w.g.now()))
@@ -333,14 +333,17 @@ func draw(window time.Duration) time.Duration {
 	return max(0, window-time.Duration(mrand.ExpFloat64()*float64(window)/8))
 }
 
-// take writes us into slot i: an update on the version last seen, or a
-// create if none. A Lease that names us already comes from a write whose
-// answer was lost: it is written again, so that the slot counts as held
-// from a write this node sent, not from when it noticed.
-func (w *waiter) take(i int) (*Holding, error) {
+// take writes us, with a holder new for this take, into slot i: an update
+// on the version last seen, or a create if none. A Lease that names an
+// earlier take of ours comes from a write whose answer never came and
+// which the watch showed only later: it is written again, so that the
+// slot counts as held from a write this node sent, not from when it
+// noticed.
+func (w *waiter) take(stream watch.Interface, i int) (*Holding, error) {
 	g := w.g
 	name, l := w.names[i], w.leases[i]
 	verb, write := "update", g.update
+	w.id = fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32())
 	switch h := holder(l); {
 	case l == nil:
 		// RBAC cannot limit create by name, but it limits get: the read
@@ -356,17 +359,50 @@ func (w *waiter) take(i int) (*Holding, error) {
 			return nil, w.failed("get", i, nil, err)
 		}
 		verb, write = "create", g.create
-	case h == w.id:
-		g.log.Info("a write whose answer was lost took this pull slot; writing it again", "slot", name)
 	case h != "":
 		g.log.Info("taking over expired pull slot", "slot", name, "previousHolder", h)
 	}
 	seed, sent := !w.seeded, g.now()
-	held, err := write(w.ctx, g.taken(l, i, w.id, sent))
+	lease := g.taken(l, i, w.id, sent)
+	held, err := w.send(stream, i, func(ctx context.Context) (*coordinationv1.Lease, error) { return write(ctx, lease) })
 	if err != nil {
 		return nil, w.failed(verb, i, l, err)
 	}
 	return g.newHolding(w.ctx, held, i, w.id, seed, sent), nil
+}
+
+// send makes a take's write of slot i while it reads the watch, and
+// returns the Lease as written from the answer or the watch, whichever
+// comes first: a write whose answer is lost (a dropped connection, an
+// apiserver that stops answering) shows in the watch long before the
+// call's timeout. Our holder is new for every take, so a Lease naming it
+// comes from this write. A watch that ends leaves the write to its answer.
+func (w *waiter) send(stream watch.Interface, i int, write func(context.Context) (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
+	ctx, cancel := context.WithCancel(w.ctx)
+	defer cancel()
+	var held *coordinationv1.Lease
+	var err error
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		held, err = write(ctx)
+	}()
+	events := stream.ResultChan()
+	for {
+		select {
+		case <-answered:
+			return held, err
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // follow sees it ended once the write is answered
+				continue
+			}
+			w.apply(ev)
+			if l := w.leases[i]; holder(l) == w.id {
+				return l, nil
+			}
+		}
+	}
 }
 
 // failed handles a failed call for slot i as seen: a lost race skips the
@@ -386,6 +422,7 @@ func (w *waiter) failed(verb string, i int, seen *coordinationv1.Lease, err erro
 		return nil
 	}
 	g.log.Warn("pull slot API call failed; backing off", "verb", verb, "slot", w.names[i], "err", err)
+	w.unsure = append(w.unsure, w.id)
 	w.quietUntil = g.now().Add(w.backOff())
 	return nil
 }
@@ -396,10 +433,8 @@ func (w *waiter) forbidden(verb string, i int, err error) error {
 	g := w.g
 	w.denied[i] = true // free skips it from now on
 	g.log.Warn("not allowed to use this pull slot (was maxConcurrentNodes lowered?); skipping it", "slot", w.names[i], "verb", verb, "err", err)
-	for k := range w.eligible() {
-		if !w.denied[k] {
-			return nil
-		}
+	if slices.Contains(w.denied[:w.eligible()], false) {
+		return nil
 	}
 	if err := w.refused(verb+" every pull slot Lease in "+g.cfg.Namespace, err); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 )
 
 // waiters starts n Holds on g and returns their results as they come.
@@ -180,47 +182,70 @@ func TestListForbiddenEndsTheWait(t *testing.T) {
 	}
 }
 
-// Finding 1 of issue 27: a take whose answer was lost (here: made, then
-// answered by a timeout 11 s later) shows in the watch with this node as
-// holder. The slot counts as held only from a write this node sent, never
-// from when it noticed: it is written again. Others may take a slot a
-// lease duration after they saw its last write, so counting from the
-// notice had two nodes pull on one slot for up to 5 s.
-func TestLostAnswerCountsFromAWriteSent(t *testing.T) {
+// A take whose answer is lost (the write is made, the call hangs until
+// its timeout) counts as soon as the watch shows the Lease naming this
+// take's holder, not when the call gives up: 5 % lost answers had put
+// hand-over p99 at 14.1 s at 1,000 nodes, the 10 s call timeout.
+func TestLostAnswerTakenFromTheWatch(t *testing.T) {
 	f := newFakeAPI(t)
 	f.labeledSlot(t, 0)
-	clk := &testClock{}
-	var mu sync.Mutex
-	var sent []time.Time // every write of the waiter, on its clock
-	var once sync.Once
+	release := make(chan struct{})
+	var writes, answered atomic.Int32
 	f.setHook(func(verb, name string, lease *coordinationv1.Lease) error {
-		if verb != "update" && verb != "create" {
+		if verb != "update" || writes.Add(1) > 1 {
 			return nil
 		}
-		mu.Lock()
-		sent = append(sent, clk.Now())
-		mu.Unlock()
-		var err error
-		once.Do(func() {
-			f.sneak(t, name, func(l *coordinationv1.Lease) { l.Spec = lease.Spec })
-			clk.Advance(11 * time.Second)
-			err = apierrors.NewServerTimeout(leasesGVR.GroupResource(), "update", 1)
-		})
-		return err
+		f.sneak(t, name, func(l *coordinationv1.Lease) { l.Spec = lease.Spec })
+		select { // the answer is lost: the call hangs
+		case <-release:
+		case <-time.After(20 * time.Second):
+		}
+		answered.Add(1)
+		return apierrors.NewServerTimeout(leasesGVR.GroupResource(), "update", 1)
 	})
-	g := f.gate(t, Config{Slots: 1, LeaseDuration: 15 * time.Second}, 0)
-	g.now = clk.Now
+	g := f.gate(t, Config{Slots: 1, CallTimeout: time.Hour}, 0)
 	h := hold(t, g)
-	if l := f.lease(t, h.Name()); holder(l) != h.id {
-		t.Fatalf("holder %q, want %q", holder(l), h.id)
+	t.Cleanup(func() { close(release) }) // before Release, which the hung call blocks
+	if answered.Load() != 0 {
+		t.Fatal("Hold returned once the lost answer's call gave up, want as soon as the watch showed the write")
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(sent) != 2 {
-		t.Fatalf("%d writes, want the one whose answer was lost and the one that took the slot again", len(sent))
+	if l := f.lease(t, h.Name()); holder(l) != h.id || writes.Load() != 1 {
+		t.Fatalf("holder %q after %d writes, want %q after the one write", holder(l), writes.Load(), h.id)
 	}
-	if last := sent[len(sent)-1]; clk.Now().Sub(last) >= g.renewDeadline() {
-		t.Errorf("the slot counts as held %v after the last write this node sent; the renew deadline is %v", clk.Now().Sub(last), g.renewDeadline())
+}
+
+// Finding 1 of issue 27: a take whose answer was lost, its Lease seen
+// only after the call gave up, is written again: the slot counts as held
+// only from a write this node sent, never from when it noticed. Others
+// may take a slot a lease duration after they saw its last write, so
+// counting from the notice had two nodes pull on one slot for up to 5 s.
+func TestLostAnswerSeenLateIsWrittenAgain(t *testing.T) {
+	f := newFakeAPI(t)
+	f.labeledSlot(t, 0)
+	lost, landed := make(chan *coordinationv1.Lease, 1), make(chan struct{})
+	var writes atomic.Int32
+	f.setHook(func(verb, _ string, lease *coordinationv1.Lease) error {
+		if verb != "update" {
+			return nil
+		}
+		if writes.Add(1) == 1 {
+			lost <- lease
+			return apierrors.NewServerTimeout(leasesGVR.GroupResource(), "update", 1)
+		}
+		<-landed // the lost write lands before any other
+		return nil
+	})
+	lostHolder := make(chan string, 1)
+	go func() {
+		l := <-lost
+		f.sneak(t, l.Name, func(cur *coordinationv1.Lease) { cur.Spec = l.Spec })
+		close(landed)
+		lostHolder <- holder(l)
+	}()
+	g := f.gate(t, Config{Slots: 1}, 0)
+	h := hold(t, g)
+	if l, was := f.lease(t, h.Name()), <-lostHolder; holder(l) != h.id || h.id == was {
+		t.Fatalf("holder %q (the lost write's %q), want %q, from a write of its own", holder(l), was, h.id)
 	}
 }
 
@@ -354,7 +379,8 @@ func TestDelayRules(t *testing.T) {
 		}
 	}
 	mine := free.DeepCopy()
-	mine.Spec.HolderIdentity = &w.id
+	w.unsure = []string{"pod-lost"} // a take's write whose answer never came
+	mine.Spec.HolderIdentity = ptr.To("pod-lost")
 	w.leases[0] = mine
 	if d := w.delay(0); d != 0 {
 		t.Errorf("delay %v for a slot that names us, want 0", d)

@@ -2,6 +2,7 @@ package slots_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
@@ -179,46 +181,55 @@ func (e *testEnv) testOutage(t *testing.T) {
 	t.Logf("cancelled pulls per node: %v; most nodes pulling at once: %d", p.cancelled, p.max)
 }
 
-// testLostAnswer: the answer to a node's take is lost (the connection
-// drops after the apiserver made the write). The node sees itself as the
-// holder in its watch and writes the slot again, so that it holds it from
-// a write it sent; meanwhile the other node waits. Never two holders.
+// testLostAnswer: the answer to a node's take is lost (the apiserver made
+// the write, and the call hangs until its timeout). The node sees its own
+// write in its watch and holds the slot from then, long before the call's
+// 10 s timeout; meanwhile the other node waits. Never two holders.
 func (e *testEnv) testLostAnswer(t *testing.T) {
 	const instance = "lost-answer"
 	token := e.agentToken(t, instance, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var mu sync.Mutex
-	dropped, writes := false, 0
+	var lostHolder string // the holder the lost write named
+	var lostEnd error     // how its call ended
 	a := e.wrappedGate(t, token, instance, slots.Config{Slots: 1, Identity: "a", LeaseDuration: 2 * time.Second},
 		func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(r)
-			if r.Method != http.MethodPut && r.Method != http.MethodPost {
+			mu.Lock()
+			lose := err == nil && lostHolder == "" && (r.Method == http.MethodPut || r.Method == http.MethodPost)
+			if lose {
+				var l coordinationv1.Lease
+				if derr := json.NewDecoder(resp.Body).Decode(&l); derr != nil || l.Spec.HolderIdentity == nil {
+					t.Errorf("the take's answer: %v", derr)
+				} else {
+					lostHolder = *l.Spec.HolderIdentity
+				}
+				resp.Body.Close()
+			}
+			mu.Unlock()
+			if !lose {
 				return resp, err
 			}
+			<-r.Context().Done() // the answer is lost: the call hangs
 			mu.Lock()
-			defer mu.Unlock()
-			writes++
-			if err == nil && !dropped {
-				dropped = true
-				resp.Body.Close()
-				return nil, errors.New("connection reset by peer (the test dropped the answer)")
-			}
-			return resp, err
+			lostEnd = r.Context().Err()
+			mu.Unlock()
+			return nil, r.Context().Err()
 		})
 	h, err := a.Hold(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	if !dropped || writes < 2 {
-		t.Errorf("answer dropped %v, %d writes: want the lost one and the one that took the slot again", dropped, writes)
-	}
-	mu.Unlock()
 	l, err := e.admin.CoordinationV1().Leases(e.ns).Get(ctx, h.Name(), metav1.GetOptions{})
 	if err != nil || holderOf(l) != h.Identity() {
 		t.Fatalf("Lease %s: holder %q (%v), want %q", h.Name(), holderOf(l), err, h.Identity())
 	}
+	mu.Lock()
+	if lostHolder != h.Identity() || !errors.Is(lostEnd, context.Canceled) {
+		t.Errorf("the lost write named %q, its call ended with %v; want the holder %q taken from the watch, the call cancelled then", lostHolder, lostEnd, h.Identity())
+	}
+	mu.Unlock()
 	bg := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "b", LeaseDuration: 2 * time.Second})
 	got := make(chan *slots.Holding, 1)
 	go func() {

@@ -108,7 +108,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
 	t.Run("one watch of the instance's slots; every released slot is taken", env.testOneWatch)
 	t.Run("a Role without list and watch ends the wait with an error", env.testOldRole)
-	t.Run("a take whose answer was lost is written again; never two holders", env.testLostAnswer)
+	t.Run("a take whose answer was lost holds from the watch; never two holders", env.testLostAnswer)
 	// Last: it stops the apiserver.
 	t.Run("a 30 s apiserver outage: holders stop pulling, never more than K nodes pull", env.testOutage)
 }
