@@ -2,8 +2,8 @@ package slots_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -12,6 +12,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
@@ -191,19 +192,21 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var mu sync.Mutex
-	var lostHolder string // the holder the lost write named
-	var lostEnd error     // how its call ended
+	dropped, lostHolder := false, "" // the holder the lost write named
+	var lostEnd error                // how its call ended
 	a := e.wrappedGate(t, token, instance, slots.Config{Slots: 1, Identity: "a", LeaseDuration: 2 * time.Second},
 		func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(r)
 			mu.Lock()
-			lose := err == nil && lostHolder == "" && (r.Method == http.MethodPut || r.Method == http.MethodPost)
+			lose := err == nil && !dropped && (r.Method == http.MethodPut || r.Method == http.MethodPost)
 			if lose {
-				var l coordinationv1.Lease
-				if derr := json.NewDecoder(resp.Body).Decode(&l); derr != nil || l.Spec.HolderIdentity == nil {
-					t.Errorf("the take's answer: %v", derr)
+				dropped = true
+				body, rerr := io.ReadAll(resp.Body)
+				obj, _, derr := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+				if l, ok := obj.(*coordinationv1.Lease); rerr == nil && derr == nil && ok {
+					lostHolder = holderOf(l)
 				} else {
-					lostHolder = *l.Spec.HolderIdentity
+					t.Errorf("the take's answer: %v %v", rerr, derr)
 				}
 				resp.Body.Close()
 			}
