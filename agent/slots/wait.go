@@ -377,15 +377,15 @@ func (w *waiter) take(stream watch.Interface, i int) (*Holding, error) {
 // apiserver that stops answering) shows in the watch long before the
 // call's timeout. Our holder is new for every take, so a Lease naming it
 // comes from this write. A watch that ends leaves the write to its answer.
+// A call the watch answered first is left to end on its own, within its
+// timeout: cancelled, client-go logs an error for a write that was made.
 func (w *waiter) send(stream watch.Interface, i int, write func(context.Context) (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
-	ctx, cancel := context.WithCancel(w.ctx)
-	defer cancel()
 	var held *coordinationv1.Lease
 	var err error
 	answered := make(chan struct{})
 	go func() {
 		defer close(answered)
-		held, err = write(ctx)
+		held, err = write(w.ctx)
 	}()
 	events := stream.ResultChan()
 	for {
