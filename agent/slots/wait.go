@@ -32,12 +32,11 @@ import (
 // A take's write is read in the watch too (send): a write whose answer
 // is lost holds the slot as soon as the watch shows it. A lost race (a
 // conflict) skips that version of the slot; a failed write backs off, 1 s
-// doubling to 30 s. An ended watch is resumed from
-// the last version seen, as client-go's reflector does; a 410 Gone or a
-// watch that ends at once with nothing in it lists again, never sooner
-// than a second after the last list. Each watch asks the apiserver to end
-// it after 5-10 min, lest one that stopped delivering keep the waiter
-// waiting.
+// doubling to 30 s. An ended watch is resumed from the last version seen,
+// as client-go's reflector does; a 410 Gone or a watch that ends at once
+// with nothing in it lists again, never sooner than a second after the
+// last list. Each watch asks the apiserver to end it after 5-10 min, lest
+// one that stopped delivering keep the waiter waiting.
 const (
 	window     = 3 * time.Second // the random delay before a take is drawn within it
 	minRetry   = time.Second     // the pauses after a failed API call
