@@ -119,3 +119,32 @@ func TestDeletionBeforeTheSubscriptionCounts(t *testing.T) {
 		t.Errorf("gone %v, want a", got)
 	}
 }
+
+// A deletion event reaches the agent and containerd's CRI plugin alike;
+// an ImageStatus before the plugin has handled it still finds the image.
+// The look 2 s after the event finds it gone.
+func TestDeletionTheCRIPluginLearnsLate(t *testing.T) {
+	rt := newRuntime()
+	_, ev, g, _ := startFollowing(t, rt, []Image{a})
+	waitStatuses(t, rt, 2) // the look after subscribing, and the one at settle
+	ev.names <- a.Name     // the CRI plugin has not handled it yet
+	waitStatuses(t, rt, 3)
+	rt.set(a.Ref, "") // now it has
+	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
+		t.Errorf("gone %v, want a", got)
+	}
+}
+
+// waitStatuses waits until rt has answered n ImageStatus calls.
+func waitStatuses(t *testing.T, rt *runtime, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, got := rt.calls()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ImageStatus calls within 5 s, want %d", got, n)
+		}
+	}
+}

@@ -112,6 +112,16 @@ func (w *Watcher) Watch(set []Image) {
 	}
 }
 
+// deleted asks for a look on a deletion event, and again after settle:
+// containerd's CRI plugin learns of a deletion from the same events, and
+// until it has, ImageStatus still finds the image. On a loaded node the
+// look came first, and a removal went unseen for good (tests/runtimes,
+// containerd 1.6).
+func (w *Watcher) deleted() {
+	w.trigger()
+	time.AfterFunc(settle, w.trigger)
+}
+
 // trigger records that something may have been removed, and asks for a
 // look.
 func (w *Watcher) trigger() {
@@ -195,7 +205,7 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		err := w.Events.WatchImageDeletes(ctx, func() {
 			first()
 			late = time.AfterFunc(settle, w.trigger)
-		}, w.trigger)
+		}, w.deleted)
 		if late != nil {
 			late.Stop() // CRI-O opens the stream, then answers Unimplemented
 		}
