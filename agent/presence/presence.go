@@ -32,11 +32,12 @@ const DefaultInterval = 10 * time.Second
 // watch for good.
 const callTimeout = 10 * time.Second
 
-// settle is when a subscription looks a second time. containerd registers
-// a subscription some time after its stream opens and says nothing when,
-// so a deletion between the first look and then has no event: on a loaded
-// node, an image deleted 0.19 s after the agent started watching went unseen
-// until the next check, 10 min later (tests/disk).
+// settle is when a subscription, and a deletion event, look a second
+// time. containerd registers a subscription some time after its stream
+// opens and says nothing when, so a deletion between the first look and
+// then has no event: on a loaded node, an image deleted 0.19 s after the
+// agent started watching went unseen until the next check, 10 min later
+// (tests/disk). For an event, see deleted.
 const settle = 2 * time.Second
 
 // maxRetry is the longest wait before a failed look is tried again.
