@@ -35,7 +35,8 @@ func ownerVariables(in v1alpha1.Instance) []admissionv1.Variable {
 		// (v1alpha1.DaemonSetOfPod), never from a rendered name, which a
 		// namePrefix after the function would leave stale.
 		{Name: "podNames", Expression: "'authentication.kubernetes.io/pod-name' in request.userInfo.extra ? request.userInfo.extra['authentication.kubernetes.io/pod-name'] : []"},
-		{Name: "daemonSet", Expression: "variables.podNames.size() == 1 && size(variables.podNames[0]) > 6 ? variables.podNames[0].substring(0, size(variables.podNames[0]) - 6) : ''"},
+		{Name: "podBase", Expression: "variables.podNames.size() == 1 && size(variables.podNames[0]) > 6 ? variables.podNames[0].substring(0, size(variables.podNames[0]) - 5) : ''"},
+		{Name: "daemonSet", Expression: "variables.podBase.endsWith('-') ? variables.podBase.substring(0, size(variables.podBase) - 1) : variables.podBase"},
 		{Name: "ownerPrefix", Expression: `variables.instancePrefix + '"daemonSet":"' + variables.daemonSet + '",'`},
 		{Name: "oldAnnotation", Expression: "variables.key in variables.oldAnnotations ? variables.oldAnnotations[variables.key] : ''"},
 		// An annotation with an "owner" member that begins with neither
@@ -69,7 +70,7 @@ func ownerValidations(in v1alpha1.Instance) []admissionv1.Validation {
 		{
 			Expression: "variables.keyUnchanged || variables.keyRemoved || (variables.key in variables.newAnnotations && variables.newAnnotations[variables.key].startsWith(variables.ownerPrefix) && " +
 				`!variables.newAnnotations[variables.key].substring(size(variables.ownerPrefix)).matches('"owner"\\s*:'))`,
-			Message: fmt.Sprintf("the image prefetcher may set %s only with an annotation that names its instance %s and its DaemonSet as the one owner: %s\"daemonSet\":\"<pod name without its last 6 characters>\",...", key, in, in.OwnerPrefix()),
+			Message: fmt.Sprintf("the image prefetcher may set %s only with an annotation that names its instance %s and its DaemonSet as the one owner: %s\"daemonSet\":\"<pod name without its last 5 characters and a trailing '-'>\",...", key, in, in.OwnerPrefix()),
 		},
 	}
 }

@@ -74,6 +74,8 @@ func TestStartupTaintReservedKeys(t *testing.T) {
 		"ToBeDeletedByClusterAutoscaler":                 "cluster-autoscaler",
 		"DeletionCandidateOfClusterAutoscaler":           "cluster-autoscaler",
 		"karpenter.sh/disruption":                        "Karpenter",
+		"karpenter.sh/disrupted":                         "Karpenter (karpenter.sh/disrupted",
+		"node.cilium.io/agent-not-ready":                 "Cilium",
 	} {
 		t.Run(key, func(t *testing.T) {
 			ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, StartupTaint: &v1alpha1.StartupTaint{Key: key}}}

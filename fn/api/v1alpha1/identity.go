@@ -41,15 +41,20 @@ func (i Instance) CopyPrefix(ds string) string {
 }
 
 // DaemonSetOfPod is the DaemonSet of an agent pod as both the agent and the
-// admission policy derive it from the pod's name: the DaemonSet controller
-// names pods <daemonset>-<5 characters> (the part before the 5 cut to 58
-// characters), so dropping the last 6 gives the DaemonSet's name, or its
-// first 57 characters. "" for a name too short to be such a pod's.
+// admission policy derive it from the pod's name. The DaemonSet controller
+// asks for generateName <daemonset>-, and the apiserver cuts a generateName
+// to 58 characters before it appends 5 random ones: a pod name is
+// <daemonset>-xxxxx for a DaemonSet name of up to 57 characters, and the
+// DaemonSet's first 58 characters then xxxxx for a longer one. Dropping
+// the last 5 and then a trailing '-' gives the DaemonSet's name, or for a
+// name over 57 characters its first 58 (57 when the 58th is a '-'): the
+// same string for every pod of one DaemonSet. "" for a name too short to
+// be such a pod's.
 func DaemonSetOfPod(pod string) string {
 	if len(pod) <= 6 {
 		return ""
 	}
-	return pod[:len(pod)-6]
+	return strings.TrimSuffix(pod[:len(pod)-5], "-")
 }
 
 // EnvInstanceNamespace names the container variable that tells the agent
@@ -72,7 +77,8 @@ var reservedTaints = []struct{ key, owner string }{
 	{"node-role.kubernetes.io/", "kubeadm (control-plane nodes)"},
 	{"ToBeDeletedByClusterAutoscaler", "the cluster-autoscaler (scale-down in progress)"},
 	{"DeletionCandidateOfClusterAutoscaler", "the cluster-autoscaler (scale-down candidate)"},
-	{"karpenter.sh/", "Karpenter (karpenter.sh/disruption, karpenter.sh/unregistered)"},
+	{"karpenter.sh/", "Karpenter (karpenter.sh/disrupted, karpenter.sh/unregistered; before v1 karpenter.sh/disruption)"},
+	{"node.cilium.io/agent-not-ready", "Cilium (its agent sets it until the node's networking is ready)"},
 }
 
 // TaintOwner is the controller that owns taints with key, or "".

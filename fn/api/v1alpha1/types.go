@@ -236,7 +236,7 @@ const (
 	DefaultMaxAttempt             = "5m"
 	DefaultOverallTimeout         = "20m"
 	DefaultInitialRetry           = "1s"
-	DefaultMaxRetry               = "2m"
+	DefaultMaxRetry               = "10m"
 	DefaultPullPolicy             = PullKubelet
 	DefaultMaxUnavailable         = "10%"
 	DefaultRefreshInterval        = "10m"
