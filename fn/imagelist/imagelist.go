@@ -145,6 +145,13 @@ func Normalize(ref string) (string, error) {
 		return "", fmt.Errorf("empty image reference")
 	}
 	r, err := parseNormalized(ref)
+	if err != nil && strings.Contains(ref, "${") {
+		// Flux's postBuild.substitute and envsubst run on the rendered
+		// output, after the function: it reads the variable as written.
+		return "", fmt.Errorf("invalid image reference %q: %w; ${...} is a variable of a substitution that runs after the function "+
+			"(Flux's postBuild.substitute, envsubst), so the function reads it as written: write the image in full, "+
+			"or substitute before the function runs (docs/integrations.md)", ref, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("invalid image reference %q: %w", ref, err)
 	}

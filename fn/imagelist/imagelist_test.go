@@ -88,6 +88,17 @@ func TestNormalize(t *testing.T) {
 	}
 }
 
+// TestNormalizeSubstitutionHint: a ${VAR} left for a substitution that
+// runs after the function gets a hint why it is not an image.
+func TestNormalizeSubstitutionHint(t *testing.T) {
+	for ref, hint := range map[string]bool{"${REGISTRY}/app:1": true, "registry.example.com/app:${TAG}": true, "Bad::Ref": false} {
+		_, err := Normalize(ref)
+		if err == nil || strings.Contains(err.Error(), "substitution that runs after the function") != hint {
+			t.Errorf("Normalize(%q): %v, want the substitution hint: %t", ref, err, hint)
+		}
+	}
+}
+
 func TestPullAlways(t *testing.T) {
 	digest := "@sha256:" + strings.Repeat("b", 64)
 	tests := []struct {

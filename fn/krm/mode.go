@@ -9,7 +9,6 @@ import (
 	"github.com/kptdev/krm-functions-sdk/go/fn"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
-	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
 // invokedAsGenerator tells, from how the function was called, whether
@@ -45,39 +44,6 @@ func expandConfig(fc *yaml.RNode, items []*yaml.RNode, expand func(*yaml.RNode) 
 		return nil
 	}
 	return expand(fc)
-}
-
-// typoWarnings: an object of the function's API group whose kind the
-// function does not know passes through unexpanded, and the apply fails
-// later with "no matches for kind". So does an ImagePrefetcher under a
-// misspelled group. (An ImagePrefetcher of an unknown version is an error
-// of its own, see expandOne.)
-func typoWarnings(items []*yaml.RNode, fc *yaml.RNode) fn.Results {
-	var rs fn.Results
-	check := func(n *yaml.RNode, what string) {
-		group, _, grouped := strings.Cut(n.GetApiVersion(), "/")
-		if !grouped {
-			group = "" // the core group: "v1"
-		}
-		kind := n.GetKind()
-		var msg string
-		switch {
-		case group == v1alpha1.Group && kind != v1alpha1.Kind:
-			msg = fmt.Sprintf("kind %q is not a kind of %s (did you mean %s?): this %s passes through unexpanded, and applying it fails", kind, v1alpha1.Group, v1alpha1.Kind, what)
-		case group != v1alpha1.Group && strings.EqualFold(kind, v1alpha1.Kind) && (strings.Contains(group, "prefetch") || group == ""):
-			msg = fmt.Sprintf("apiVersion %q is not %s (did you mean it?): this %s passes through unexpanded, and applying it fails", n.GetApiVersion(), v1alpha1.APIVersion, what)
-		default:
-			return
-		}
-		rs = append(rs, &fn.Result{Severity: fn.Warning, Message: msg, ResourceRef: refOf(n), File: fileOf(n), Field: &fn.Field{Path: "kind"}})
-	}
-	for _, it := range items {
-		check(it, "object")
-	}
-	if fc != nil && !slices.ContainsFunc(items, func(it *yaml.RNode) bool { return idOf(it) == idOf(fc) }) {
-		check(fc, "functionConfig")
-	}
-	return rs
 }
 
 // explain adds what only the function's caller can know to findings about

@@ -53,28 +53,37 @@ func TestInvokedAsGenerator(t *testing.T) {
 	}
 }
 
-// TestTypoWarnings: a kind of the API group the function does not know, or
-// an ImagePrefetcher under another group, is warned about at kind; the
-// function's own kind and unrelated objects are not.
-func TestTypoWarnings(t *testing.T) {
+// TestTypoErrors: a kind of the API group the function does not know, or
+// an ImagePrefetcher under another group, is an error at the field to
+// change; the function's own kind and unrelated objects are not. As a
+// generator's configuration (kustomize's echo of it the only item) the
+// message says that nothing is rendered, not that applying fails.
+func TestTypoErrors(t *testing.T) {
+	const typo = "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: Imageprefetcher\nmetadata: {name: x}\n"
+	echo := strings.Replace(typo, "{name: x}", "{name: x, annotations: {config.kubernetes.io/local-config: 'true'}}", 1)
 	for _, tc := range []struct {
-		doc  string
-		want string // "" for no warning
+		doc, fc     string
+		want, field string // want "" for no error
 	}{
-		{ipDoc, ""},
-		{nsDoc, ""},
-		{"apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: Imageprefetcher\nmetadata: {name: x}\n", `kind "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io`},
-		{"apiVersion: image-prefetcher.stackrox.io/v1\nkind: Prefetcher\nmetadata: {name: x}\n", `kind "Prefetcher" is not a kind of`},
-		{"apiVersion: image-prefetch.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: x}\n", `apiVersion "image-prefetch.stackrox.io/v1alpha1" is not image-prefetcher.stackrox.io/v1alpha1`},
-		{"apiVersion: v1alpha1\nkind: imageprefetcher\nmetadata: {name: x}\n", `apiVersion "v1alpha1" is not`},
-		{"apiVersion: example.com/v1\nkind: ImagePrefetcher\nmetadata: {name: x}\n", ""}, // someone else's kind of that name
+		{ipDoc, "", "", ""},
+		{nsDoc, "", "", ""},
+		{typo, "", `"Imageprefetcher" is not a kind of image-prefetcher.stackrox.io: this object is not expanded`, "kind"},
+		{echo, typo, `"Imageprefetcher" is not a kind of image-prefetcher.stackrox.io: the function's configuration is not an ImagePrefetcher, so nothing is rendered`, "kind"},
+		{"apiVersion: image-prefetcher.stackrox.io/v1\nkind: Prefetcher\nmetadata: {name: x}\n", "", `"Prefetcher" is not a kind of`, "kind"},
+		{"apiVersion: image-prefetch.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: {name: x}\n", "", `"image-prefetch.stackrox.io/v1alpha1" is not image-prefetcher.stackrox.io/v1alpha1`, "apiVersion"},
+		{"apiVersion: v1alpha1\nkind: imageprefetcher\nmetadata: {name: x}\n", "", `"v1alpha1" is not`, "apiVersion"},
+		{"apiVersion: example.com/v1\nkind: ImagePrefetcher\nmetadata: {name: x}\n", "", "", ""}, // someone else's kind of that name
 	} {
-		rs := typoWarnings(nodes(t, tc.doc), nil)
+		var fc *yaml.RNode
+		if tc.fc != "" {
+			fc = nodes(t, tc.fc)[0]
+		}
+		rs := typoErrors(nodes(t, tc.doc), fc, false)
 		switch {
 		case tc.want == "" && len(rs) > 0:
-			t.Errorf("%q: unexpected warning %q", tc.doc, rs[0].Message)
-		case tc.want != "" && (len(rs) != 1 || !strings.Contains(rs[0].Message, tc.want) || rs[0].Field.Path != "kind" || rs[0].Severity != "warning"):
-			t.Errorf("%q: got %+v, want one warning at kind containing %q", tc.doc, rs, tc.want)
+			t.Errorf("%q: unexpected error %q", tc.doc, rs[0].Message)
+		case tc.want != "" && (len(rs) != 1 || !strings.Contains(rs[0].Message, tc.want) || rs[0].Field.Path != tc.field || rs[0].Severity != "error"):
+			t.Errorf("%q: got %+v, want one error at %s containing %q", tc.doc, rs, tc.field, tc.want)
 		}
 	}
 }

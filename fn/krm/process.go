@@ -89,8 +89,22 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 	}
 	fcIsIP := fc != nil && isPrefetcher(fc)
 	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
-	sources := render.Sources{ConfigMaps: configMapLookup(items), StartupTaintKeys: render.StartupTaintKeys(append([]*yaml.RNode{fc}, items...))}
-	results = append(results, typoWarnings(items, fc)...)
+	// Under kpt every intent stays in the package: an instance none of
+	// them names any more was renamed or removed.
+	present := map[instance]bool{}
+	if fcIsIP {
+		present[instanceOf(fc)] = true
+	}
+	for _, it := range items {
+		if isPrefetcher(it) {
+			present[instanceOf(it)] = true
+		}
+	}
+	sources := render.Sources{ConfigMaps: configMapLookup(items), StartupTaintKeys: render.StartupTaintKeys(taintSources(items, fc, present, kpt))}
+	results = append(results, typoErrors(items, fc, generator)...)
+	if r := misplaced(items, fc, kpt); r != nil {
+		results = append(results, r)
+	}
 	// A kustomize generator is given its own configuration and nothing
 	// else: no workload to select.
 	workloadItems := items
@@ -208,6 +222,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 	// same object is dropped; any other object with that identity is a
 	// conflict.
 	rendered := map[id]*expansion{}
+	renderedObjs := map[id]*yaml.RNode{}
 	scope := map[instance]*yaml.RNode{}
 	files := map[string]*expansion{}
 	for _, e := range exps {
@@ -222,26 +237,31 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 				break // one finding per pair of instances is enough
 			}
 			rendered[oid] = e
-		}
-	}
-	// Under kpt every intent stays in the package: an instance none of
-	// them names any more was renamed or removed.
-	present := map[instance]bool{}
-	if fcIsIP {
-		present[instanceOf(fc)] = true
-	}
-	for _, it := range items {
-		if isPrefetcher(it) {
-			present[instanceOf(it)] = true
+			renderedObjs[oid] = o
 		}
 	}
 	removed := map[instance][]string{}
+	redeclared := map[instance]bool{}
 	dropped := make([]bool, len(out))
 	for i, it := range out {
 		owner, owned := ownerOf(it)
 		e, clash := rendered[idOf(it)]
 		switch {
 		case isPrefetcher(it):
+		case owned && scope[owner] != nil && !kpt && !generator && !sameRendering(it, renderedObjs[idOf(it)]):
+			// kustomize: a lower layer rendered this instance, and this
+			// layer declares it again, differently (or a layer between
+			// patched the rendering). Replacing the lower rendering would
+			// silently drop what that layer declared or patched. The same
+			// declaration again renders the same objects, and is replaced.
+			if !redeclared[owner] {
+				redeclared[owner] = true
+				results = append(results, conflict(scope[owner], fmt.Sprintf(
+					"%s is declared again: a lower layer rendered ImagePrefetcher %s already (%s carries %s: %s), and rendering it here would replace "+
+						"what that layer declared; declare each instance in one layer only (patch the lower declaration instead), or give this one a name of its own",
+					idOf(scope[owner]), owner, idOf(it), RenderedForAnnotation, owner)))
+			}
+			continue
 		case owned && (scope[owner] != nil || kpt && !present[owner]):
 			dropped[i] = true
 			if !clash {
@@ -266,6 +286,9 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 		if e, taken := files[pathOf(it)]; taken {
 			results = append(results, conflict(e.source, fmt.Sprintf("image-prefetcher-fn writes what this instance renders to %q, but that file holds %s, which the function did not render: move that object to another file, or rename the file", e.file, idOf(it))))
 		}
+	}
+	if !kpt {
+		results = append(results, siblingDeadlocks(out, dropped)...)
 	}
 	if results.ExitCode() != 0 {
 		return items, results
@@ -416,9 +439,11 @@ func configMapLookup(items []*yaml.RNode) render.ConfigMapLookup {
 			if it.GetKind() != "ConfigMap" || it.GetApiVersion() != "v1" {
 				continue
 			}
+			// kustomize lists every earlier name, one per layer that renamed
+			// it: a reference may use any of them.
 			names := []string{it.GetName()}
 			if prev := it.GetAnnotations()[previousNames]; prev != "" {
-				names = append(names, strings.Split(prev, ",")[0])
+				names = append(names, strings.Split(prev, ",")...)
 			}
 			match := false
 			for _, n := range names {

@@ -65,8 +65,9 @@ func TestSameNameIsAnError(t *testing.T) {
 
 // TestSameNameAcrossLayers: what a lower kustomize layer rendered carries
 // the rendered-for mark; an upper layer that renders an instance of the same
-// name in another namespace, or sees two renamed copies of one rendering,
-// is refused naming both.
+// name in another namespace, or declares the lower layer's instance again
+// (which would replace its rendering), or sees two renamed copies of one
+// rendering, is refused naming both.
 func TestSameNameAcrossLayers(t *testing.T) {
 	ip := func(ns string) string {
 		return "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: web\n    namespace: " + ns + "\n  spec:\n    images: [debian:bookworm]\n"
@@ -88,7 +89,9 @@ func TestSameNameAcrossLayers(t *testing.T) {
 		{"renamed copies", renamed("a-") + renamed("b-"),
 			"DaemonSet team-a/a-image-prefetcher-web and DaemonSet team-a/b-image-prefetcher-web are both what image-prefetcher-fn rendered for ImagePrefetcher team-a/web, renamed after rendering"},
 		{"one renamed copy", renamed("a-"), ""},
-		{"the same instance again", lower + ip("team-a"), ""},
+		{"the same instance again, the same declaration", lower + ip("team-a"), ""},
+		{"the same instance again, declared differently", lower + strings.Replace(ip("team-a"), "debian:bookworm", "debian:trixie", 1),
+			"ImagePrefetcher team-a/web is declared again: a lower layer rendered ImagePrefetcher team-a/web already (ConfigMap team-a/image-prefetcher-web.images carries image-prefetcher.stackrox.io/rendered-for: team-a/web)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, results, err := Run([]byte("apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n" + tc.items))

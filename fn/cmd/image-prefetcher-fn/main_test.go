@@ -176,6 +176,14 @@ var errorCases = []struct {
 	{name: "namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n"},
 	{name: "namespace-invalid", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: Pre.Fetch\nspec:\n  images: [debian]\n"},
 	{name: "image-invalid", ip: baseMeta + "spec:\n  images:\n  - debian\n  - Debian:12\n"},
+	// Objects that look like ImagePrefetchers but are not: a kind of the
+	// API group the function does not know, and the kind under a
+	// misspelled group. Each is refused at the field to change.
+	{name: "typo-kind", ip: baseMeta + "spec:\n  images: [debian]\n",
+		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: Imageprefetcher\n  metadata:\n    name: typo-kind\n    namespace: prefetch\n  spec:\n    images: [debian]\n"},
+	{name: "typo-group", ip: baseMeta + "spec:\n  images: [debian]\n",
+		items: "- apiVersion: image-prefetcher.stackrox.com/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: typo-group\n    namespace: prefetch\n  spec:\n    images: [debian]\n"},
+	{name: "image-substitution-variable", ip: baseMeta + "spec:\n  images:\n  - ${REGISTRY}/app:1\n"},
 	{name: "image-empty-entry", ip: baseMeta + "spec:\n  images:\n  - debian\n  - \"  \"\n"},
 	{name: "list-empty", ip: baseMeta + "spec:\n  images: []\n"},
 	{name: "image-list-from-without-ref", ip: baseMeta + "spec:\n  imageListFrom: {}\n"},
@@ -213,7 +221,7 @@ var errorCases = []struct {
 	{name: "duration-not-positive", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxRetryDelay: 0s\n"},
 	{name: "refresh-interval-negative", ip: baseMeta + "spec:\n  images: [debian]\n  refreshInterval: -1m\n"},
 	{name: "initial-attempt-above-max", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialAttemptTimeout: 10m\n    maxAttemptTimeout: 5m\n"},
-	{name: "initial-retry-above-max", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialRetryDelay: 5m\n"},
+	{name: "initial-retry-above-max", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    initialRetryDelay: 15m\n"},
 	{name: "pull-policy-invalid", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    policy: Never\n"},
 	{name: "max-concurrent-nodes-out-of-range", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: -1\n"},
 	{name: "seed-nodes-negative", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 3\n    seedNodes: -1\n"},
