@@ -17,6 +17,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -31,6 +32,11 @@ type intent struct {
 	// localConfig: the user marked the file config.kubernetes.io/local-config.
 	// Without it, the function adds the mark.
 	localConfig bool
+	// startupTaint is spec.startupTaint.key, "" for none; narrow lists
+	// one toleration of the user's own (dedicated) instead of the default
+	// that tolerates every taint.
+	startupTaint string
+	narrow       bool
 }
 
 func (i intent) yaml() string {
@@ -52,6 +58,12 @@ func (i intent) yaml() string {
 	}
 	if !i.admission {
 		b.WriteString("  admissionPolicy: false\n")
+	}
+	if i.startupTaint != "" {
+		fmt.Fprintf(&b, "  startupTaint:\n    key: %s\n", i.startupTaint)
+	}
+	if i.narrow {
+		b.WriteString("  tolerations:\n  - key: dedicated\n    operator: Exists\n")
 	}
 	if i.maxConcurrentNodes > 0 {
 		fmt.Fprintf(&b, "  pull:\n    maxConcurrentNodes: %d\n", i.maxConcurrentNodes)
@@ -193,6 +205,27 @@ func (p inplacePackage) check(t *testing.T, dir string) {
 				if slots != i.maxConcurrentNodes {
 					t.Errorf("%s: the Role names %d lease slots, want %d (maxConcurrentNodes): %s", name, slots, i.maxConcurrentNodes, text)
 				}
+			case o.GetKind() == "DaemonSet" && i.narrow:
+				// Narrowed tolerations get the startup taints of the
+				// package's instances now, never a key of an earlier
+				// render's (an old key, a removed instance's).
+				want := []string{"dedicated"}
+				for _, other := range p.intents {
+					if other.startupTaint != "" {
+						want = append(want, other.startupTaint)
+					}
+				}
+				slices.Sort(want)
+				tols, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "tolerations")
+				var got []string
+				for _, tol := range tols {
+					got = append(got, fmt.Sprint(tol.(map[string]any)["key"]))
+				}
+				slices.Sort(got)
+				if !slices.Equal(got, want) {
+					t.Errorf("%s: the DaemonSet tolerates %v, want %v", name, got, want)
+				}
+				fallthrough
 			case o.GetKind() == "DaemonSet":
 				text := fmt.Sprint(o.Object["spec"])
 				if got, want := strings.Contains(text, fmt.Sprintf("--seed-nodes=%d", i.seedNodes)), i.seedNodes > 0; got != want {
@@ -247,6 +280,16 @@ var inplaceSteps = []struct {
 		is[0].images = []string{"docker.io/library/busybox:1.37", "quay.io/prometheus/busybox:latest"}
 		return is
 	}},
+	{"a startup taint, tolerations narrowed", func(is []intent) []intent {
+		is[0].startupTaint, is[0].narrow = "example.com/web-a", true
+		return is
+	}},
+	{"the startup taint's key changed", func(is []intent) []intent { is[0].startupTaint = "example.com/web-b"; return is }},
+	{"a second instance with a startup taint", func(is []intent) []intent {
+		return append(is, intent{file: "taint/db.yaml", namespace: "prefetch", name: "db", images: []string{"registry.k8s.io/pause:3.10"},
+			nodeLabel: true, admission: true, localConfig: true, startupTaint: "example.com/db", narrow: true})
+	}},
+	{"the second instance with a startup taint removed", func(is []intent) []intent { return is[:1] }},
 	{"a second instance, in a directory, without local-config", func(is []intent) []intent {
 		return append(is, intent{file: "apps/api.yaml", namespace: "prefetch", name: "api", flavor: "ocp",
 			images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true})
