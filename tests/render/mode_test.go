@@ -1,6 +1,8 @@
 package render
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,8 +13,8 @@ import (
 // the function, not the shape of its config. An annotated ImagePrefetcher
 // under transformers: expands every ImagePrefetcher of the resources as
 // well as itself, and kustomize's needs-hash, which only a generator's
-// output may carry, never reaches the output. A misspelled kind passes
-// through with a warning on stderr.
+// output may carry, never reaches the output. A misspelled kind among the
+// resources fails the build, naming the field to change.
 func TestKustomizeAnnotatedTransformer(t *testing.T) {
 	dir := copyTree(t, "testdata/kustomize/annotated-transformer")
 	r := run(t, dir, kustomizeBinary(t), "build", "--enable-alpha-plugins", "--enable-exec", ".")
@@ -46,11 +48,17 @@ func TestKustomizeAnnotatedTransformer(t *testing.T) {
 	if strings.Contains(out, "kind: ImagePrefetcher") {
 		t.Errorf("an ImagePrefetcher was left unexpanded:\n%s", out)
 	}
-	if !strings.Contains(out, "kind: Imageprefetcher") {
-		t.Errorf("the misspelled object did not pass through:\n%s", out)
+	kustomization := filepath.Join(dir, "kustomization.yaml")
+	k, err := os.ReadFile(kustomization)
+	if err != nil {
+		t.Fatal(err)
 	}
-	want := `image-prefetcher-fn: warning: Imageprefetcher prefetch/typo: kind: kind "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io (did you mean ImagePrefetcher?)`
-	if !strings.Contains(string(r.stderr), want) {
-		t.Errorf("stderr lacks the typo warning %q:\n%s", want, r.stderr)
+	if err := os.WriteFile(kustomization, []byte(strings.Replace(string(k), "- other.yaml\n", "- other.yaml\n- typo.yaml\n", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, dir, kustomizeBinary(t), "build", "--enable-alpha-plugins", "--enable-exec", ".")
+	want := `image-prefetcher-fn: error: Imageprefetcher prefetch/typo: kind: "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io`
+	if r.err == nil || !strings.Contains(string(r.stderr), want) {
+		t.Errorf("a misspelled kind: %v, stderr lacks the error %q:\n%s", r.err, want, r.stderr)
 	}
 }
