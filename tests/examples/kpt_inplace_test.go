@@ -290,6 +290,7 @@ var inplaceSteps = []struct {
 			nodeLabel: true, admission: true, localConfig: true, startupTaint: "example.com/db", narrow: true})
 	}},
 	{"the second instance with a startup taint removed", func(is []intent) []intent { return is[:1] }},
+	{"the instance moved to another directory", func(is []intent) []intent { is[0].file = "moved/web.yaml"; return is }},
 	{"a second instance, in a directory, without local-config", func(is []intent) []intent {
 		return append(is, intent{file: "apps/api.yaml", namespace: "prefetch", name: "api", flavor: "ocp",
 			images: []string{"registry.k8s.io/pause:3.10"}, nodeLabel: true, admission: true})
