@@ -8,7 +8,6 @@ import (
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
-
 )
 
 // invokedAsGenerator tells, from how the function was called, whether
