@@ -9,6 +9,7 @@ VERSION           := $(shell cat VERSION)
 BIN               := $(CURDIR)/bin
 LDFLAGS           := -s -w -X $(MODULE)/fn/version.Version=$(VERSION)
 KUSTOMIZE_VERSION := v5.8.2
+CONTROLLER_GEN_VERSION := v0.23.0
 # kpt is not go-installable at a pinned version (its module needs a newer
 # toolchain and replaces), so `make tools` checks the one on PATH instead.
 KPT_VERSION       := 1.0.0-beta.56
@@ -49,7 +50,17 @@ $(BIN)/image-prefetcher-fn: FORCE
 	go build -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
 
 ## ---- tools and host dependencies ----------------------------------------------
-tools: $(BIN)/kustomize kpt-check
+tools: $(BIN)/kustomize $(BIN)/controller-gen kpt-check
+
+# The ImagePrefetcher CRD, for tools that read schemas (docs/api.md);
+# tests/examples TestCRDIsUpToDate checks it.
+.PHONY: crd
+crd: $(BIN)/controller-gen
+	CONTROLLER_GEN=$(BIN)/controller-gen fn/api/crd/generate.sh
+
+$(BIN)/controller-gen:
+	@echo ">> installing controller-gen $(CONTROLLER_GEN_VERSION) into $(BIN)"
+	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
 # tests/examples runs the real `kpt fn render` and `kpt fn eval`; a missing or
 # different kpt fails here, with the fix, instead of half-way through a test.

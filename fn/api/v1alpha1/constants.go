@@ -1,5 +1,3 @@
-// Package v1alpha1 holds the ImagePrefetcher API. It depends on nothing
-// heavy so that the agent can import it.
 package v1alpha1
 
 const (

@@ -14,6 +14,9 @@ import (
 //
 // Optional scalars are pointers so that "unset" (take the default) can be
 // told apart from an explicit zero or false.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced
 type ImagePrefetcher struct {
 	APIVersion string            `json:"apiVersion"`
 	Kind       string            `json:"kind"`
