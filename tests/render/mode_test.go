@@ -57,7 +57,7 @@ func TestKustomizeAnnotatedTransformer(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = run(t, dir, kustomizeBinary(t), "build", "--enable-alpha-plugins", "--enable-exec", ".")
-	want := `image-prefetcher-fn: error: Imageprefetcher prefetch/typo: kind: "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io`
+	want := `image-prefetcher-fn: error: Imageprefetcher prefetch/typo (typo.yaml): kind: "Imageprefetcher" is not a kind of image-prefetcher.stackrox.io`
 	if r.err == nil || !strings.Contains(string(r.stderr), want) {
 		t.Errorf("a misspelled kind: %v, stderr lacks the error %q:\n%s", r.err, want, r.stderr)
 	}

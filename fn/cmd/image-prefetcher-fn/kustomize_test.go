@@ -340,7 +340,9 @@ func ownDaemonSetGrant(t *testing.T, role *yaml.RNode) string {
 	return ""
 }
 
-// An invalid ImagePrefetcher fails the build with the function's message.
+// An invalid ImagePrefetcher fails the build with the function's message,
+// naming the file that declares it (kustomize passes no file names; the
+// function finds it from the kustomization it runs in).
 func TestKustomizeReportsErrors(t *testing.T) {
 	root := writeTree(t, merge(base, overlay("bad", `patches:
 - target:
@@ -368,7 +370,7 @@ func TestKustomizeReportsErrors(t *testing.T) {
 	if buildErr == nil {
 		t.Fatal("the build succeeded despite an invalid ImagePrefetcher")
 	}
-	want := "image-prefetcher-fn: error: ImagePrefetcher base-ns/demo: spec.pull.parallelism: must be between 1 and 64, got 0\n"
+	want := "image-prefetcher-fn: error: ImagePrefetcher base-ns/demo (../base/prefetcher.yaml): spec.pull.parallelism: must be between 1 and 64, got 0\n"
 	if string(seen) != want {
 		t.Errorf("stderr:\n%s\nwant\n%s", seen, want)
 	}

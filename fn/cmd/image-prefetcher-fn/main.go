@@ -46,6 +46,11 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 	// would show each twice. kustomize shows only stderr.
 	if by != krm.Kpt {
 		for _, r := range results {
+			if r.File == nil && r.ResourceRef != nil {
+				if p := originOf(".", r.ResourceRef); p != "" {
+					r.File = &fn.File{Path: p}
+				}
+			}
 			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", describe(r))
 		}
 		if file := componentKustomization("."); file != "" {
