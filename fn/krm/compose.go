@@ -218,3 +218,27 @@ func sameRendering(lower, now *yaml.RNode) bool {
 	}
 	return strip(lower) == strip(now)
 }
+
+// suffixWarnings: the agent and the admission policy know a copy of an
+// instance by its DaemonSet's name as the pod name keeps it
+// (v1alpha1.DaemonSetOfPod), whole up to 57 characters. From 57 on, a
+// nameSuffix added after the function never reaches the pod name: copies
+// under two suffixes would share one identity and overwrite each other's
+// node key. A prefix always does; so does a shorter instance name.
+func suffixWarnings(objs []*yaml.RNode) render.Problems {
+	for _, o := range objs {
+		if o.GetKind() != "DaemonSet" || len(o.GetName()) < maxSuffixableDaemonSet {
+			continue
+		}
+		return render.Problems{{Severity: render.Warning, Path: "metadata.name", Message: fmt.Sprintf(
+			"the DaemonSet %s has %d characters: a nameSuffix added after the function would be cut from its pods' names, "+
+				"so copies of this instance under different suffixes would share one identity; use a namePrefix for copies, "+
+				"or an instance name of at most %d characters", o.GetName(), len(o.GetName()), maxSuffixableDaemonSet-len("image-prefetcher-")-1)}}
+	}
+	return nil
+}
+
+// maxSuffixableDaemonSet is the length of a DaemonSet name from which a
+// suffix no longer reaches the pod name: the apiserver keeps 58
+// characters of <daemonset>-, and DaemonSetOfPod drops a trailing '-'.
+const maxSuffixableDaemonSet = 57

@@ -427,6 +427,7 @@ func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]
 		add(probs)
 		return nil, results
 	}
+	add(suffixWarnings(objs))
 	return objs, results
 }
 
