@@ -372,7 +372,9 @@ func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {
 			text, hasKey := data[ref.Key]
 			switch {
 			case !found:
-				p = append(p, errorf(cmPath+".name", "ConfigMap %s/%s is not in the ResourceList: in kustomize, declare it in the same kustomization and run the function as a transformer", c.Namespace, ref.Name))
+				p = append(p, errorf(cmPath+".name", "ConfigMap %s/%s is not in the ResourceList, by that name or any it had before a rename: "+
+					"under kustomize it must be among the resources of the kustomization that lists the function under transformers:, "+
+					"or of one below it (a generator sees no resources); under kpt, in the package", c.Namespace, ref.Name))
 			case !hasKey:
 				p = append(p, errorf(cmPath+".key", "ConfigMap %s/%s has no key %q (keys: %s)", c.Namespace, ref.Name, ref.Key, strings.Join(sortedKeys(data), ", ")))
 			default:
