@@ -114,20 +114,6 @@ func TestKustomizeComposition(t *testing.T) {
 			want: []string{"ImagePrefetcher prefetch/web (web.yaml): metadata.annotations.config.kubernetes.io/function: is listed under transformers: of a kustomization without resources:", "list it under generators: instead"},
 		},
 		{
-			// 9: kustomize runs a Component's transformers before the
-			// includer's namespace:, which would move the rendered agent.
-			name: "a Component whose includer sets namespace:",
-			files: map[string]string{
-				"base/kustomization.yaml":      "resources:\n- web.yaml\n",
-				"base/web.yaml":                web.yaml(),
-				"component/kustomization.yaml": "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\ntransformers:\n- fn.yaml\n",
-				"component/fn.yaml":            execFunction,
-				"top/kustomization.yaml":       "namespace: moved\nresources:\n- ../base\ncomponents:\n- ../component\n",
-			},
-			dir:  "top",
-			want: []string{"image-prefetcher-fn: error: run from the kustomize Component ", "top/kustomization.yaml includes with namespace: moved", "exit 5 (InstanceMoved)"},
-		},
-		{
 			// The same annotated ImagePrefetcher under generators: renders,
 			// its ConfigMap hashed by kustomize.
 			name: "an annotated ImagePrefetcher under generators:",

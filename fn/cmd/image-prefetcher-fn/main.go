@@ -54,12 +54,6 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", describe(r))
 		}
 		if file := componentKustomization("."); file != "" {
-			if includer, ns := includerNamespace("."); includer != "" {
-				fmt.Fprintf(stderr, "image-prefetcher-fn: error: run from the kustomize Component %s, which %s includes with namespace: %s: "+
-					"kustomize applies that namespace after the Component's transformers, so the agent would run away from the namespace it "+
-					"was rendered for and exit 5 (InstanceMoved); list the function under transformers: of %s instead\n", file, includer, ns, includer)
-				return 1
-			}
 			fmt.Fprintf(stderr, "image-prefetcher-fn: warning: run from the kustomize Component %s: kustomize runs a component's transformers before the patches, namespace and namePrefix of the kustomization that includes it, so a patch of the ImagePrefetcher there is silently lost, and a namespace: there moves the agent away from the namespace it was rendered for (the agent then refuses to run); list the function under transformers: of the top kustomization instead (docs/integrations/kustomize.md)\n", file)
 		}
 	}
