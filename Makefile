@@ -50,7 +50,13 @@ $(BIN)/image-prefetcher-fn: FORCE
 	go build -ldflags '$(LDFLAGS)' -o $@ ./fn/cmd/image-prefetcher-fn
 
 ## ---- tools and host dependencies ----------------------------------------------
-tools: $(BIN)/kustomize $(BIN)/controller-gen kpt-check
+# What the kustomize path needs (`make build tools`, docs/install.md): no kpt.
+tools: $(BIN)/kustomize
+
+# The tools only the tests use: the kpt check and controller-gen, which
+# tests/examples TestCRDIsUpToDate runs.
+.PHONY: test-tools
+test-tools: tools kpt-check $(BIN)/controller-gen
 
 # The ImagePrefetcher CRD, for tools that read schemas (docs/api.md);
 # tests/examples TestCRDIsUpToDate checks it.
@@ -63,7 +69,8 @@ $(BIN)/controller-gen:
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
 # tests/examples runs the real `kpt fn render` and `kpt fn eval`; a missing or
-# different kpt fails here, with the fix, instead of half-way through a test.
+# different kpt fails here, with the fix, before the tests start (make test,
+# make e2e) instead of half-way through them.
 .PHONY: kpt-check
 kpt-check:
 	@kpt=$$(command -v kpt) || { echo "!! kpt not found on PATH. Install kpt $(KPT_VERSION): curl -fsSL -o /usr/bin/kpt https://github.com/kptdev/kpt/releases/download/v$(KPT_VERSION)/kpt_linux_amd64 && chmod +x /usr/bin/kpt (see docs/testing.md)" >&2; exit 1; }; \
@@ -139,6 +146,23 @@ oci: build
 	go run ./tests/ociimage/cmd/ociimage -user 65532:65532 -ref $(FN_IMAGE) -out out/oci/image-prefetcher-fn \
 	  $(foreach p,$(OCI_PLATFORMS),-platform $(p)=$(OUT_BIN)/$(subst /,_,$(p))/image-prefetcher-fn)
 
+## ---- release (tests/release, docs/release.md) --------------------------------
+# From a tagged tree to a release in REGISTRY: both images as amd64+arm64
+# indexes, pushed as $(REGISTRY)/image-prefetcher:$(VERSION) and
+# $(REGISTRY)/image-prefetcher-fn:$(VERSION), each signed as `cosign sign
+# --key` signs (key in COSIGN_PRIVATE_KEY, password in COSIGN_PASSWORD) and
+# with a CycloneDX SBOM attached; then out/release/ with the function
+# binaries, the manifests pinned to the pushed digests and SHA256SUMS.
+# Registry credentials: REGISTRY_USERNAME/REGISTRY_PASSWORD or the docker
+# config. RELEASE_FLAGS=-require-tag (CI) refuses a tree that is not clean
+# at tag v$(VERSION). No container engine is needed.
+REGISTRY      ?= ghcr.io/image-prefetcher
+RELEASE_FLAGS ?=
+.PHONY: release
+release: tools
+	go run ./tests/release/cmd/release -registry $(REGISTRY) -version $(VERSION) \
+	  -kustomize $(BIN)/kustomize -out out/release -work out/release-build $(RELEASE_FLAGS)
+
 ## ---- tests ------------------------------------------------------------------
 # `make test` starts every phase as soon as its inputs are there (make -j):
 # the unit tests, the Kubernetes build, apt then the runtime builds, and the
@@ -184,7 +208,7 @@ phase-containerd:
 phase-cri-o: phase-host-deps
 	$(call phase,cri-o,$(RUNTIMES_BUILD) cri-o)
 phase-build:
-	$(call phase,build,$(MAKE) --no-print-directory oci tools)
+	$(call phase,build,$(MAKE) --no-print-directory oci test-tools)
 phase-e2e: phase-unit phase-kube phase-containerd phase-cri-o phase-build
 	$(call phase,e2e,$(E2E_TEST))
 
@@ -210,7 +234,7 @@ E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./te
 # the tests drive, so a cached pass (tests/scale's was) proves nothing.
 E2E_LOG      := $(CURDIR)/out/e2e.log
 E2E_TEST      = echo ">> tests against real components, $(E2E_PARALLEL) packages at a time" && go test -p $(E2E_PARALLEL) -count=1 -timeout 60m -v $(E2E_PKGS) 2>&1 | tee $(E2E_LOG)
-e2e: build tools host-deps kube runtimes oci
+e2e: build test-tools host-deps kube runtimes oci
 	@$(E2E_TEST)
 
 ## ---- benchmark (tests/bench, docs/benchmarks.md) ------------------------------

@@ -29,9 +29,11 @@ import (
 )
 
 // Page budgets (issue 37): docs a reader finishes. Every page counts,
-// docs/integrations/ included.
+// docs/integrations/ included. Issue 51 added install.md (about 200 lines:
+// install, verify, mirror, upgrade, uninstall, versions), a page the
+// project lacked, and the figures the README no longer holds.
 const (
-	maxTotalLines = 3000
+	maxTotalLines = 3250
 	maxPageLines  = 450
 	maxTesting    = 250
 )

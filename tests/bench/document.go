@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
@@ -16,7 +17,13 @@ type Document interface {
 	WritePlot(path string) error
 }
 
-// WriteDocument writes d's plot to plotFile and its Markdown to out.
+// KeptMarker starts the part of a report page the harness does not write:
+// from this line on, the page as it was is kept below the new report
+// (docs/benchmarks.md keeps its measured figures there).
+const KeptMarker = "<!-- Not written by make bench or make scale: kept from here on. -->"
+
+// WriteDocument writes d's plot to plotFile and its Markdown to out, with
+// the part of out from KeptMarker on kept.
 // plotRef is the report's field that names the plot; it is set to the
 // plot's path relative to out first, so that the Markdown links it.
 // make bench and make scale both write their pages this way.
@@ -29,7 +36,13 @@ func WriteDocument(out, plotFile string, plotRef *string, d Document) error {
 	if err := d.WritePlot(plotFile); err != nil {
 		return err
 	}
-	if err := os.WriteFile(out, []byte(d.Markdown()), 0o644); err != nil {
+	md := d.Markdown()
+	if old, err := os.ReadFile(out); err == nil {
+		if i := strings.Index(string(old), KeptMarker); i >= 0 {
+			md += "\n" + string(old[i:])
+		}
+	}
+	if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	fmt.Printf("wrote %s and %s\n", out, plotFile)

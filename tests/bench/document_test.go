@@ -34,3 +34,33 @@ func TestWriteDocument(t *testing.T) {
 		t.Errorf("plot not written: %v", err)
 	}
 }
+
+// What follows KeptMarker in the page survives a new report; the old
+// report above it does not.
+func TestWriteDocumentKeepsMarkedPart(t *testing.T) {
+	tests := []struct {
+		name, old, want string
+	}{
+		{"no page yet", "", "![plot](report.png)\n"},
+		{"no marker", "old report\n", "![plot](report.png)\n"},
+		{"marker", "old report\n" + KeptMarker + "\n## Figures\n", "![plot](report.png)\n\n" + KeptMarker + "\n## Figures\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			out := filepath.Join(dir, "report.md")
+			if tt.old != "" {
+				if err := os.WriteFile(out, []byte(tt.old), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := &page{}
+			if err := WriteDocument(out, filepath.Join(dir, "report.png"), &p.plotFile, p); err != nil {
+				t.Fatal(err)
+			}
+			if md, err := os.ReadFile(out); err != nil || string(md) != tt.want {
+				t.Errorf("page %q (%v), want %q", md, err, tt.want)
+			}
+		})
+	}
+}

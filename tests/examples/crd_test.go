@@ -10,11 +10,11 @@ import (
 const crdFile = "fn/api/crd/image-prefetcher.stackrox.io_imageprefetchers.yaml"
 
 // TestCRDIsUpToDate generates the CRD from fn/api/v1alpha1 with the
-// pinned controller-gen (make tools) and compares it with the checked-in
+// pinned controller-gen (make test-tools) and compares it with the checked-in
 // one: `make crd` after a change of the API.
 func TestCRDIsUpToDate(t *testing.T) {
 	tl := findTools(t)
-	gen := mustExecutable(t, filepath.Join(tl.bin, "controller-gen"), "run `make tools` to install controller-gen into ./bin")
+	gen := mustExecutable(t, filepath.Join(tl.bin, "controller-gen"), "run `make test-tools` to install controller-gen into ./bin")
 	out := t.TempDir()
 	env := append(tl.env(), "CONTROLLER_GEN="+gen)
 	tl.run(t, tl.root, env, filepath.Join(tl.root, "fn/api/crd/generate.sh"), out)
