@@ -61,6 +61,7 @@ func newWatch(deps *Deps) *cobra.Command {
 				for {
 					kp.begin()
 					a.check(ctx)
+					a.releaseStray(ctx)
 					if a.removals.wait(ctx, jitter(refresh)) != nil {
 						break
 					}
@@ -149,9 +150,12 @@ func (a *agent) settleKey(ctx context.Context, deadline time.Time) error {
 		a.log.Info("the instance no longer covers this node; removing its label and pins", "why", why)
 	}
 	// The pins go with the label, after it: the label is what the
-	// shutdown budget is for.
-	defer a.unpinAll(ctx, deadline)
-	return a.removeLabel(ctx, deadline)
+	// shutdown budget is for. Then, when the whole instance is being
+	// deleted, the objects held for the cleanup are released.
+	err = a.removeLabel(ctx, deadline)
+	a.unpinAll(ctx, deadline)
+	a.releaseHeld(ctx)
+	return err
 }
 
 // markListChanged makes the key say failed: the node holds this pod's list,
