@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -75,7 +76,8 @@ func newStatus(deps *Deps) *cobra.Command {
 				if namespace == "" {
 					return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--cleanup needs --namespace: the key is removed only where the instance %s of that namespace owns it", cleanup)}
 				}
-				return cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup), label.NewOwner(namespace, cleanup), includeUnowned)
+				err := cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup), label.NewOwner(namespace, cleanup), includeUnowned)
+				return errors.Join(err, releaseRetired(ctx, deps, client, v1alpha1.Instance{Namespace: namespace, Name: cleanup}))
 			}
 			rows, allOK := Collect(nodes.Items, domain, instances)
 			addTaints(rows, nodes.Items, startupTaint)

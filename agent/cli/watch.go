@@ -150,11 +150,17 @@ func (a *agent) settleKey(ctx context.Context, deadline time.Time) error {
 		a.log.Info("the instance no longer covers this node; removing its label and pins", "why", why)
 	}
 	// The pins go with the label, after it: the label is what the
-	// shutdown budget is for. Then, when the whole instance is being
-	// deleted, the objects held for the cleanup are released.
+	// shutdown budget is for. While they go (no API call), the objects
+	// held for the cleanup are released when the DaemonSet is deleted:
+	// both within the pod's grace period.
 	err = a.removeLabel(ctx, deadline)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		a.releaseHeld(ctx)
+	}()
 	a.unpinAll(ctx, deadline)
-	a.releaseHeld(ctx)
+	<-released
 	return err
 }
 
