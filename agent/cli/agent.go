@@ -301,7 +301,7 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		owner := label.AgentOwner(f.namespace, f.instance, pod)
 		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep,
 			Pod: deps.Getenv("POD_UID"), List: a.digest, Credentials: len(f.dockerConfigs) > 0 || f.providerConfig != ""}
-		a.initHolder(ctx, client, owner)
+		a.initHolder(client, owner)
 	}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,

@@ -21,9 +21,8 @@ const holdTimeout = 30 * time.Second
 const uninstallWait = 15 * time.Second
 
 // initHolder sets up the holder of the instance's objects, in a pod that
-// labels its node, and puts the finalizer on them in the background: the
-// pull does not wait for it.
-func (a *agent) initHolder(ctx context.Context, client kube.Interface, owner label.Owner) {
+// labels its node.
+func (a *agent) initHolder(client kube.Interface, owner label.Owner) {
 	og, ok := client.(kube.ObjectGetter)
 	if !ok || a.pod == "" {
 		return
@@ -31,6 +30,16 @@ func (a *agent) initHolder(ctx context.Context, client kube.Interface, owner lab
 	inst := v1alpha1.Instance{Namespace: a.flags.namespace, Name: a.flags.instance}
 	a.holder = &hold.Holder{Objects: og.Objects(), Nodes: client.Nodes(), Held: inst.Held(),
 		Key: a.labeler.Key, OwnerPrefix: owner.Prefix(), Log: a.log}
+}
+
+// holdHeld puts the finalizer on the held objects, in the background: the
+// checks do not wait for it. watch does it, not fetch: an agent that never
+// gets past fetch (crash looping) must not leave the objects Terminating
+// on uninstall, with nobody to release them.
+func (a *agent) holdHeld(ctx context.Context) {
+	if a.holder == nil {
+		return
+	}
 	go func() {
 		hctx, cancel := context.WithTimeout(ctx, holdTimeout)
 		defer cancel()

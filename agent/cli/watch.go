@@ -54,6 +54,7 @@ func newWatch(deps *Deps) *cobra.Command {
 			defer a.cri.Close()
 			defer a.watchTaint(ctx)()
 			deps.Ready()
+			a.holdHeld(ctx)
 			if refresh > 0 {
 				a.log.Info("watching", "images", len(a.entries), "refreshInterval", refresh)
 				go kp.repairWhileChecking(ctx, refresh)

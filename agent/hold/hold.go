@@ -4,16 +4,16 @@
 // ServiceAccount and RBAC in the same instant as its pods, and a pod that
 // gets SIGTERM then can no longer remove its node's label and annotation.
 //
-// Each agent puts v1alpha1.CleanupFinalizer on its instance's held objects
-// (v1alpha1.Instance.Held) when it starts; an object that does not exist
-// under its rendered name (renamed after the function ran) is simply not
-// held. On SIGTERM, once an agent has cleaned its own node and finds held
-// objects being deleted, it waits until no node carries the key of its
-// instance (a quorum read, so the last agent to clean sees every other's
-// removal) or until a deadline, then takes the finalizer off. Several
-// agents may do that at once: removing it is idempotent. The deadline
-// bounds the wait for a node whose agent never cleans (a node that is
-// down): its key stays, and `status --cleanup` removes it.
+// Each agent's watch puts v1alpha1.CleanupFinalizer on its instance's held
+// objects (v1alpha1.Instance.Held) as it starts; an object that does not
+// exist under its rendered name (renamed after the function ran) is simply
+// not held. On SIGTERM, once an agent has cleaned its own node and finds its
+// DaemonSet deleted, it waits until no node carries the key of its instance
+// (a quorum read, so the last agent to clean sees every other's removal) or
+// until a deadline, then takes the finalizer off. Several agents may do that
+// at once: removing it is idempotent. The deadline bounds the wait for a
+// node whose agent never cleans (a node that is down): its key stays, and
+// `status --cleanup` removes it.
 package hold
 
 import (
