@@ -50,7 +50,8 @@ func (a *agent) holdHeld(ctx context.Context) {
 }
 
 // releaseHeld is the last step of an uninstall on SIGTERM, after this
-// node's key is gone: when the DaemonSet is deleted or being deleted (or
+// node's key is gone: when the DaemonSet or its namespace is deleted or
+// being deleted (or
 // that cannot be told, or no DaemonSet controls the pod), see
 // hold.Holder.Settle. A DaemonSet that only stopped covering this node
 // still runs agents elsewhere, which need the objects.
@@ -60,9 +61,9 @@ func (a *agent) releaseHeld(ctx context.Context) {
 	}
 	ctx = context.WithoutCancel(ctx)
 	octx, cancel := context.WithTimeout(ctx, coverageShare)
+	defer cancel()
 	_, ds, err := coverage.Own(octx, a.kube, a.namespace, a.pod)
-	cancel()
-	if err == nil && ds != nil && ds.DeletionTimestamp == nil {
+	if err == nil && ds != nil && ds.DeletionTimestamp == nil && !coverage.NamespaceDeleting(octx, a.kube, a.namespace) {
 		return
 	}
 	if err := a.holder.Settle(ctx, time.Now().Add(uninstallWait)); err != nil {

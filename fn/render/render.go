@@ -171,9 +171,13 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	// the image filesystem's figures from it (docs/security.md), nothing
 	// else of the kubelet's. The patch is narrowed by the admission policy
 	// to the agent's own node and its own label and annotation.
+	// get of its own namespace: on SIGTERM a namespace being deleted means
+	// the instance is going, whatever its DaemonSet still says
+	// (agent/coverage).
 	nodeRules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/stats"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{c.Namespace}, Verbs: []string{"get"}},
 	}
 	if c.NodeLabel {
 		// list: on uninstall the agent waits until no node carries the key
