@@ -17,7 +17,6 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/events"
-	"github.com/image-prefetcher/image-prefetcher/agent/hold"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
@@ -213,9 +212,6 @@ type agent struct {
 	// pending: this run wrote the key before its pull ended (registering,
 	// or announcing the images it pulls).
 	pending bool
-	// holder keeps the instance's ServiceAccount and RBAC until the nodes
-	// are clean (agent/hold); nil outside a pod or without labeling.
-	holder *hold.Holder
 }
 
 // newAgent returns an agent that init will set up.
@@ -301,7 +297,6 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		owner := label.AgentOwner(f.namespace, f.instance, pod)
 		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep,
 			Pod: deps.Getenv("POD_UID"), List: a.digest, Credentials: len(f.dockerConfigs) > 0 || f.providerConfig != ""}
-		a.initHolder(client, owner)
 	}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -76,8 +75,7 @@ func newStatus(deps *Deps) *cobra.Command {
 				if namespace == "" {
 					return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--cleanup needs --namespace: the key is removed only where the instance %s of that namespace owns it", cleanup)}
 				}
-				err := cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup), label.NewOwner(namespace, cleanup), includeUnowned)
-				return errors.Join(err, releaseRetired(ctx, deps, client, v1alpha1.Instance{Namespace: namespace, Name: cleanup}))
+				return cleanupInstance(ctx, deps, client.Nodes(), nodes.Items, label.Key(domain, cleanup), label.NewOwner(namespace, cleanup), includeUnowned)
 			}
 			rows, allOK := Collect(nodes.Items, domain, instances)
 			addTaints(rows, nodes.Items, startupTaint)

@@ -10,10 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/image-prefetcher/image-prefetcher/agent/hold"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
-	v1alpha1 "github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
 // flagConflicts marks the keys that are not what they seem and reports
@@ -157,26 +155,4 @@ func cleanupInstance(ctx context.Context, deps *Deps, client kube.NodeClient, no
 	}
 	fmt.Fprintf(deps.Stdout, "%d node(s) cleaned up\n", removed)
 	return errors.Join(errs...)
-}
-
-// releaseRetired takes the agents' finalizer off the retired instance's
-// objects that are being deleted: what its agents could not release (no
-// agent ran when they were deleted, docs/install.md#uninstall).
-func releaseRetired(ctx context.Context, deps *Deps, client kube.Interface, inst v1alpha1.Instance) error {
-	og, ok := client.(kube.ObjectGetter)
-	if !ok {
-		return nil
-	}
-	h := &hold.Holder{Objects: og.Objects(), Held: inst.Held()}
-	deleting, err := h.Deleting(ctx, time.Time{})
-	if err != nil {
-		return err
-	}
-	if err := h.Release(ctx, deleting); err != nil {
-		return err
-	}
-	for _, o := range deleting {
-		fmt.Fprintf(deps.Stdout, "released %s (finalizer %s)\n", o, hold.Finalizer)
-	}
-	return nil
 }

@@ -54,7 +54,6 @@ func newWatch(deps *Deps) *cobra.Command {
 			defer a.cri.Close()
 			defer a.watchTaint(ctx)()
 			deps.Ready()
-			a.holdHeld(ctx)
 			if refresh > 0 {
 				a.log.Info("watching", "images", len(a.entries), "refreshInterval", refresh)
 				go kp.repairWhileChecking(ctx, refresh)
@@ -62,7 +61,6 @@ func newWatch(deps *Deps) *cobra.Command {
 				for {
 					kp.begin()
 					a.check(ctx)
-					a.releaseStray(ctx)
 					if a.removals.wait(ctx, jitter(refresh)) != nil {
 						break
 					}
@@ -151,18 +149,9 @@ func (a *agent) settleKey(ctx context.Context, deadline time.Time) error {
 		a.log.Info("the instance no longer covers this node; removing its label and pins", "why", why)
 	}
 	// The pins go with the label, after it: the label is what the
-	// shutdown budget is for. While they go (no API call), the objects
-	// held for the cleanup are released when the DaemonSet is deleted:
-	// both within the pod's grace period.
-	err = a.removeLabel(ctx, deadline)
-	released := make(chan struct{})
-	go func() {
-		defer close(released)
-		a.releaseHeld(ctx)
-	}()
-	a.unpinAll(ctx, deadline)
-	<-released
-	return err
+	// shutdown budget is for.
+	defer a.unpinAll(ctx, deadline)
+	return a.removeLabel(ctx, deadline)
 }
 
 // markListChanged makes the key say failed: the node holds this pod's list,

@@ -67,24 +67,6 @@ func Own(ctx context.Context, k kube.Interface, ns, pod string) (name string, ds
 	return ref.Name, ds, nil
 }
 
-// NamespaceDeleting reports whether namespace ns is being deleted (or gone).
-// Its content then goes in no set order: the namespace controller may
-// delete the agent's pod before its DaemonSet, which would otherwise look
-// like a pod restart that keeps the key. An error (a client that cannot
-// read namespaces, an RBAC of an earlier release) says no: the DaemonSet
-// decides then.
-func NamespaceDeleting(ctx context.Context, k kube.Interface, ns string) bool {
-	og, ok := k.(kube.ObjectGetter)
-	if !ok || ns == "" {
-		return false
-	}
-	m, err := og.Objects().Meta(ctx, "/api/v1/namespaces/"+ns)
-	if apierrors.IsNotFound(err) {
-		return true
-	}
-	return err == nil && m.DeletionTimestamp != nil
-}
-
 // Verdict is what watch does with its key on SIGTERM.
 type Verdict int
 
@@ -114,9 +96,6 @@ type Checker struct {
 // Check tells what becomes of the key, and why. An error means it could
 // not be told.
 func (c Checker) Check(ctx context.Context) (Verdict, string, error) {
-	if NamespaceDeleting(ctx, c.Client, c.Namespace) {
-		return Gone, fmt.Sprintf("namespace %s is being deleted", c.Namespace), nil
-	}
 	name, ds, err := Own(ctx, c.Client, c.Namespace, c.Pod)
 	if errors.Is(err, ErrNotOwned) {
 		return Gone, err.Error(), nil

@@ -6,10 +6,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -167,58 +165,3 @@ func TestCheck(t *testing.T) {
 
 // nodesOnly is a kube.Interface that cannot read pods or DaemonSets.
 type nodesOnly struct{ kube.Interface }
-
-// withNamespace adds to a client the metadata of its one namespace: absent
-// (nil), or as given.
-type withNamespace struct {
-	kube.Interface
-	meta *metav1.ObjectMeta
-}
-
-func (w withNamespace) Pods(ns string) kube.PodClient { return w.Interface.(Client).Pods(ns) }
-
-func (w withNamespace) DaemonSets(ns string) kube.DaemonSetClient {
-	return w.Interface.(Client).DaemonSets(ns)
-}
-
-func (w withNamespace) Objects() kube.ObjectClient { return w }
-
-func (w withNamespace) Meta(_ context.Context, path string) (*metav1.ObjectMeta, error) {
-	if w.meta == nil || path != "/api/v1/namespaces/"+w.meta.Name {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, path)
-	}
-	return w.meta, nil
-}
-
-func (w withNamespace) MergePatch(context.Context, string, []byte) error { return nil }
-
-// The namespace controller deletes a namespace's content in no set order:
-// a pod whose DaemonSet still looks intact, in a namespace being deleted,
-// is going with its instance (issue 51), not restarting.
-func TestCheckNamespaceBeingDeleted(t *testing.T) {
-	const ns, list = "ns", "0123456789abcdef"
-	yes := true
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-demo", Namespace: ns, UID: "u1"}}
-	ds.Spec.Template.Annotations = map[string]string{"image-prefetcher.stackrox.io/list-digest": list}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "image-prefetcher-demo-x7k2p", Namespace: ns,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: "u1", Controller: &yes}}}}
-	now := metav1.Now()
-	for _, tt := range []struct {
-		name string
-		meta *metav1.ObjectMeta
-		want Verdict
-	}{
-		{"namespace intact", &metav1.ObjectMeta{Name: ns}, Kept},
-		{"namespace being deleted", &metav1.ObjectMeta{Name: ns, DeletionTimestamp: &now}, Gone},
-		{"namespace gone", nil, Gone},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			client := withNamespace{clientset.Wrap(fake.NewClientset(node, pod, ds)), tt.meta}
-			c := Checker{Client: client, Namespace: ns, Pod: pod.Name, Node: "n1", List: list}
-			if got, why, err := c.Check(context.Background()); got != tt.want || err != nil {
-				t.Errorf("Check = %v (%s), %v; want %v", got, why, err, tt.want)
-			}
-		})
-	}
-}

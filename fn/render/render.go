@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"slices"
 	"strings"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
@@ -171,21 +170,14 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	// the image filesystem's figures from it (docs/security.md), nothing
 	// else of the kubelet's. The patch is narrowed by the admission policy
 	// to the agent's own node and its own label and annotation.
-	// get of its own namespace: on SIGTERM a namespace being deleted means
-	// the instance is going, whatever its DaemonSet still says
-	// (agent/coverage).
 	nodeRules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/stats"}, Verbs: []string{"get"}},
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{c.Namespace}, Verbs: []string{"get"}},
 	}
 	if c.NodeLabel {
-		// list: on uninstall the agent waits until no node carries the key
-		// before it releases the objects it holds (heldRules).
-		nodeRules[0].Verbs = []string{"get", "list", "patch"}
+		nodeRules[0].Verbs = []string{"get", "patch"}
 		// The mark the admission policy matches; see MarkerResource.
 		nodeRules = append(nodeRules, rbacv1.PolicyRule{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{c.instance().Marker()}, Verbs: []string{MarkerVerb}})
-		nodeRules = append(nodeRules, c.heldRules(false)...)
 	}
 	objs = append(objs,
 		&rbacv1.ClusterRole{
@@ -203,7 +195,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 		&rbacv1.Role{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "Role"),
 			ObjectMeta: meta(n.Namespaced, true),
-			Rules:      append(append(c.roleRules(), ownPodAndDaemonSetRule()), c.heldRules(true)...),
+			Rules:      append(c.roleRules(), ownPodAndDaemonSetRule()),
 		},
 		&rbacv1.RoleBinding{
 			TypeMeta:   typ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -290,34 +282,6 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "list", "watch"}},
 			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: names, Verbs: []string{"get", "update", "delete"}},
 		)
-	}
-	return rules
-}
-
-// heldRules let the agent put v1alpha1.CleanupFinalizer on the objects it
-// needs to clean its node, and take it off (agent/hold): of the namespaced
-// ones or of the cluster-scoped ones, by name. Without labeling nothing is
-// held. A finalizer-only change passes the RBAC escalation checks, and
-// nothing else may be changed without holding every permission the role
-// grants (docs/security.md).
-func (c Config) heldRules(namespaced bool) []rbacv1.PolicyRule {
-	if !c.NodeLabel {
-		return nil
-	}
-	var rules []rbacv1.PolicyRule
-	for _, h := range c.instance().Held() {
-		if (h.Namespace != "") != namespaced {
-			continue
-		}
-		i := slices.IndexFunc(rules, func(r rbacv1.PolicyRule) bool { return r.APIGroups[0] == h.Group })
-		if i < 0 {
-			rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{h.Group}, Verbs: []string{"get", "patch"}})
-			i = len(rules) - 1
-		}
-		rules[i].Resources = append(rules[i].Resources, h.Resource)
-		if !slices.Contains(rules[i].ResourceNames, h.Name) {
-			rules[i].ResourceNames = append(rules[i].ResourceNames, h.Name)
-		}
 	}
 	return rules
 }
