@@ -29,9 +29,9 @@ import (
 )
 
 // Page budgets (issue 37): docs a reader finishes. Every page counts,
-// docs/integrations/ included.
+// docs/integrations/ included. Issue 51 added install.md.
 const (
-	maxTotalLines = 3000
+	maxTotalLines = 3050
 	maxPageLines  = 450
 	maxTesting    = 250
 )
