@@ -57,12 +57,20 @@ func gcOptions(rt cluster.Runtime) cluster.Options {
 // exit.
 func uninstall(t *testing.T, name string) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	waitWatching(ctx, t, name)
+	c.Uninstall(ctx, t, name)
+}
+
+// waitWatching waits until watch runs in every pod of namespace ns and has
+// said it is watching, and logs their last words when the test fails.
+func waitWatching(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
 	cs, err := c.Clientset()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	// Removing pins is watch's: wait until it runs (a pod deleted before
 	// its watch started leaves its label and pins, see docs/agent.md).
 	var pods *corev1.PodList
@@ -101,7 +109,6 @@ func uninstall(t *testing.T, name string) {
 			t.Fatalf("%s/%s: %v", name, p.Name, err)
 		}
 	}
-	c.Uninstall(ctx, t, name)
 }
 
 // waitSummary waits until the node's label of instance is want and its
