@@ -23,6 +23,15 @@ func TestNewValidates(t *testing.T) {
 	}{
 		{"zero slots", func(c *Config) { c.Slots = 0 }, "at least 1"},
 		{"no identity", func(c *Config) { c.Identity = "" }, "POD_NAME"},
+		// A negative SeedNodes made no slot eligible, ever (issue 50).
+		{"negative seed nodes", func(c *Config) { c.SeedNodes = -1 }, "seed nodes"},
+		{"no client", func(c *Config) { c.Client = nil }, "Lease client"},
+		{"no namespace", func(c *Config) { c.Namespace = "" }, "namespace"},
+		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
+		{"negative lease duration", func(c *Config) { c.LeaseDuration = -time.Second }, "lease duration"},
+		{"negative call timeout", func(c *Config) { c.CallTimeout = -time.Second }, "call timeout"},
+		{"negative release grace", func(c *Config) { c.ReleaseGrace = -time.Second }, "release grace"},
+		{"negative refusal span", func(c *Config) { c.RefusedFor = -time.Second }, "refusal span"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,8 +62,8 @@ func TestNewDefaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g.cfg.LeaseDuration != tt.want || g.cfg.CallTimeout != DefaultCallTimeout || g.cfg.ReleaseGrace != DefaultReleaseGrace || g.cfg.ForbiddenFor != DefaultForbiddenFor {
-				t.Errorf("got duration %v call %v grace %v forbidden %v", g.cfg.LeaseDuration, g.cfg.CallTimeout, g.cfg.ReleaseGrace, g.cfg.ForbiddenFor)
+			if g.cfg.LeaseDuration != tt.want || g.cfg.CallTimeout != DefaultCallTimeout || g.cfg.ReleaseGrace != DefaultReleaseGrace || g.cfg.RefusedFor != DefaultRefusedFor {
+				t.Errorf("got duration %v call %v grace %v forbidden %v", g.cfg.LeaseDuration, g.cfg.CallTimeout, g.cfg.ReleaseGrace, g.cfg.RefusedFor)
 			}
 		})
 	}
@@ -285,13 +294,13 @@ func TestAPIErrors(t *testing.T) {
 	}{
 		{"transient errors are retried", 3, apierrors.NewInternalError(errors.New("etcd hiccup")), false},
 		{"timeouts are retried", 2, apierrors.NewServerTimeout(leasesGVR.GroupResource(), "get", 1), false},
-		{"forbidden is fatal", -1, forbidden, true},
-		{"unauthorized is fatal", -1, apierrors.NewUnauthorized("no token"), true},
+		{"forbidden for RefusedFor ends the wait", -1, forbidden, true},
+		{"unauthorized for RefusedFor ends the wait", -1, apierrors.NewUnauthorized("no token"), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakeAPI(t)
-			g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, ForbiddenFor: 50 * time.Millisecond}, 0)
+			g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, RefusedFor: 50 * time.Millisecond}, 0)
 			n := 0
 			f.setHook(func(string, string, *coordinationv1.Lease) error {
 				if tt.failures >= 0 && n >= tt.failures {

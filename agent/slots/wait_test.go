@@ -160,7 +160,7 @@ func TestEndedWatch(t *testing.T) {
 }
 
 // A Role rendered before waiting by watch has no list or watch on Leases.
-// The wait ends, once the API has refused for ForbiddenFor (a restarted
+// The wait ends, once the API has refused for RefusedFor (a restarted
 // apiserver refuses for a moment), with an error that says what to do.
 func TestListForbiddenEndsTheWait(t *testing.T) {
 	f := newFakeAPI(t)
@@ -171,14 +171,14 @@ func TestListForbiddenEndsTheWait(t *testing.T) {
 		}
 		return nil
 	})
-	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, ForbiddenFor: 100 * time.Millisecond}, 0)
+	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, RefusedFor: 100 * time.Millisecond}, 0)
 	start := time.Now()
 	_, err := g.Hold(context.Background())
 	if !errors.Is(err, denied) || !strings.Contains(err.Error(), "render the instance again") {
 		t.Fatalf("Hold: %v, want the refusal and what to do about it", err)
 	}
 	if waited := time.Since(start); waited < 100*time.Millisecond {
-		t.Errorf("gave up after %v, before ForbiddenFor", waited)
+		t.Errorf("gave up after %v, before RefusedFor", waited)
 	}
 }
 
@@ -379,7 +379,7 @@ func TestDelayRules(t *testing.T) {
 		}
 	}
 	mine := free.DeepCopy()
-	w.unsure = []string{"pod-lost"} // a take's write whose answer never came
+	w.unsure = []take{{id: "pod-lost"}} // a take's write whose answer never came
 	mine.Spec.HolderIdentity = ptr.To("pod-lost")
 	w.leases[0] = mine
 	if d := w.delay(0); d != 0 {
