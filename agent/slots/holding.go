@@ -151,7 +151,10 @@ func (h *Holding) Release() {
 		g := h.g
 		ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.CallTimeout)
 		defer cancel()
-		defer context.AfterFunc(h.ctx, func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) })()
+		// Once Hold's context ends (SIGTERM), what is left gets the grace.
+		graceOnEnd := func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) }
+		stopGrace := context.AfterFunc(h.ctx, graceOnEnd)
+		defer stopGrace()
 		// A seed whose pull ended records it on its slot in the release.
 		seeded := h.seed && !h.wasLost && h.ctx.Err() == nil
 		if h.seed && !seeded {

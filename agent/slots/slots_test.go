@@ -57,13 +57,17 @@ func TestNewDefaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, err := New(Config{Client: fake.NewSimpleClientset().CoordinationV1().Leases("ns"), Namespace: "ns", Instance: "demo",
+			leases := fake.NewSimpleClientset().CoordinationV1().Leases("ns")
+			g, err := New(Config{Client: leases, Namespace: "ns", Instance: "demo",
 				Slots: 1, Identity: "pod", LeaseDuration: tt.duration})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g.cfg.LeaseDuration != tt.want || g.cfg.CallTimeout != DefaultCallTimeout || g.cfg.ReleaseGrace != DefaultReleaseGrace || g.cfg.RefusedFor != DefaultRefusedFor {
-				t.Errorf("got duration %v call %v grace %v forbidden %v", g.cfg.LeaseDuration, g.cfg.CallTimeout, g.cfg.ReleaseGrace, g.cfg.RefusedFor)
+			c := g.cfg
+			if c.LeaseDuration != tt.want || c.CallTimeout != DefaultCallTimeout ||
+				c.ReleaseGrace != DefaultReleaseGrace || c.RefusedFor != DefaultRefusedFor {
+				t.Errorf("got duration %v call %v grace %v refused %v",
+					c.LeaseDuration, c.CallTimeout, c.ReleaseGrace, c.RefusedFor)
 			}
 		})
 	}
@@ -285,7 +289,8 @@ func TestSlotLost(t *testing.T) {
 }
 
 func TestAPIErrors(t *testing.T) {
-	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "demo-slot-0", errors.New("RBAC"))
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	forbidden := apierrors.NewForbidden(gr, "demo-slot-0", errors.New("RBAC"))
 	tests := []struct {
 		name     string
 		failures int // how many calls fail before the API recovers; -1 for ever
@@ -412,7 +417,9 @@ func TestSeedsNotLimitedWhenSeedsCoverSlots(t *testing.T) {
 func TestSeededOnAnySlot(t *testing.T) {
 	f := newFakeAPI(t)
 	f.labeledSlot(t, 1)
-	f.write(t, SlotName("demo", 1), func(l *coordinationv1.Lease) { l.Annotations = map[string]string{SeededAnnotation: "true"} })
+	f.write(t, SlotName("demo", 1), func(l *coordinationv1.Lease) {
+		l.Annotations = map[string]string{SeededAnnotation: "true"}
+	})
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 1}, 0)
 	a, b := hold(t, g), hold(t, g)
 	if a.seed || b.seed {

@@ -322,7 +322,8 @@ func (a *aim) update(free []int, now time.Time, delay func(i int) time.Duration)
 // apply folds one watch event into what the waiter knows.
 func (w *waiter) apply(ev watch.Event) {
 	if ev.Type == watch.Error { // 410 Gone (too old to resume from), or another failure: list again
-		w.g.log.Debug("the watch of the pull slots ended with an error; listing them again", "err", apierrors.FromObject(ev.Object))
+		w.g.log.Debug("the watch of the pull slots ended with an error; listing them again",
+			"err", apierrors.FromObject(ev.Object))
 		w.rv = ""
 		return
 	}
