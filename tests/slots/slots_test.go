@@ -103,6 +103,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("killed holder's slot is reclaimed after the lease duration", env.testKilledHolder)
 	t.Run("seed nodes pull alone until one finishes", env.testSeed)
 	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
+	t.Run("a slot the Role names only later is taken once it does", env.testRaisedK)
 	t.Run("fetch on SIGTERM gives its slot back and records no seed", env.testFetchSIGTERM)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
