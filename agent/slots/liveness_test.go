@@ -75,30 +75,44 @@ func TestRefusedListIsRetried(t *testing.T) {
 	}
 }
 
-// 3. A SIGTERM while a take's write is in flight: the call is cut off,
-// but the apiserver has made the write. The Lease must not be left naming
-// a holder nobody renews; before, it was, for a lease duration.
+// 3. A SIGTERM while a take's write is in flight: the call is cut off
+// (or answered), and the apiserver has made the write. The Lease must not
+// be left naming a holder nobody renews; before, it was, for a lease
+// duration.
 func TestTerminatedTakeIsCleared(t *testing.T) {
-	f := newFakeAPI(t)
-	f.labeledSlot(t, 0)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	f.setHook(func(verb, name string, lease *coordinationv1.Lease) error {
-		if verb != "update" {
-			return nil
-		}
-		cancel() // SIGTERM while the write is in flight
-		f.sneak(t, name, func(l *coordinationv1.Lease) { l.Spec = lease.Spec })
-		return fmt.Errorf("client rate limiter: %w", context.Canceled)
-	})
-	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, ReleaseGrace: time.Second}, 0)
-	h, err := g.Hold(ctx)
-	if err == nil {
-		h.Release()
-		t.Fatal("Hold took a slot after its context ended")
-	}
-	if l := f.lease(t, SlotName("demo", 0)); holder(l) != "" {
-		t.Errorf("after the wait ended, the slot names %q, a holder nobody renews; want it cleared", holder(l))
+	for _, tc := range []struct {
+		name   string
+		cutOff bool
+	}{
+		{"the call cut off", true},
+		{"the call answered", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAPI(t)
+			f.labeledSlot(t, 0)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			f.setHook(func(verb, name string, lease *coordinationv1.Lease) error {
+				if verb != "update" {
+					return nil
+				}
+				cancel() // SIGTERM while the write is in flight
+				if !tc.cutOff {
+					return nil // the fake makes the write and answers it
+				}
+				f.sneak(t, name, func(l *coordinationv1.Lease) { l.Spec = lease.Spec })
+				return fmt.Errorf("client rate limiter: %w", context.Canceled)
+			})
+			g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, ReleaseGrace: time.Second}, 0)
+			h, err := g.Hold(ctx)
+			if err == nil {
+				h.Release()
+				t.Fatal("Hold took a slot after its context ended")
+			}
+			if l := f.lease(t, SlotName("demo", 0)); holder(l) != "" {
+				t.Errorf("after the wait ended, the slot names %q, a holder nobody renews; want it cleared", holder(l))
+			}
+		})
 	}
 }
 

@@ -484,21 +484,29 @@ func (w *waiter) send(stream watch.Interface, i int,
 		defer close(answered)
 		held, err = write(context.WithoutCancel(w.ctx))
 	}()
+	result := func() (*coordinationv1.Lease, error) { return held, err }
 	events := stream.ResultChan()
 	for {
+		// An ended wait wins over an answer or an event that came with it:
+		// the slot is cleared, not held by a node that stops.
+		if w.ctx.Err() != nil {
+			w.abandon(i, w.id, answered, result)
+			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
+		}
 		select {
 		case <-answered:
-			return held, err
+			if w.ctx.Err() != nil {
+				continue
+			}
+			return result()
 		case <-w.ctx.Done():
-			w.abandon(i, w.id, answered, func() (*coordinationv1.Lease, error) { return held, err })
-			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // follow sees it ended once the write is answered
 				continue
 			}
 			w.apply(ev)
-			if holder(w.leases[i]) == w.id {
+			if holder(w.leases[i]) == w.id && w.ctx.Err() == nil {
 				return w.leases[i], nil
 			}
 		}
