@@ -105,6 +105,7 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
 	t.Run("a slot the Role names only later is taken once it does", env.testRaisedK)
 	t.Run("fetch on SIGTERM gives its slot back and records no seed", env.testFetchSIGTERM)
+	t.Run("a take cut off by SIGTERM leaves no holder behind", env.testTerminatedTake)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
 	t.Run("one watch of the instance's slots; every released slot is taken", env.testOneWatch)
