@@ -302,8 +302,8 @@ type Labeler struct {
 	// RetryFor bounds the retries of transient API errors (2m by default).
 	RetryFor time.Duration
 	// RefusedFor bounds, within RetryFor, the retries of refusals (403,
-	// 401): a restarted apiserver refuses until its RBAC and token caches
-	// are filled (30s by default, as agent/slots' ForbiddenFor).
+	// 401): kube.RefusedFor by default, the span every caller in the agent
+	// retries them for.
 	RefusedFor time.Duration
 	// AttemptTimeout bounds one API call (10s by default).
 	AttemptTimeout time.Duration
@@ -391,7 +391,7 @@ func (l *Labeler) retryFor() time.Duration {
 
 func (l *Labeler) refusedFor() time.Duration {
 	if l.RefusedFor <= 0 {
-		return 30 * time.Second
+		return kube.RefusedFor
 	}
 	return l.RefusedFor
 }
@@ -472,7 +472,7 @@ func (l *Labeler) patch(ctx context.Context, patch map[string]any, budget time.D
 // refusal: the apiserver refused us, which a restarted one does for a
 // while; an instance that owns the key refuses for good.
 func refusal(err error) bool {
-	return (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) && !IsOwnerConflict(err)
+	return kube.Refused(err) && !IsOwnerConflict(err)
 }
 
 // Retryable reports whether an API error may go away by itself. Errors that

@@ -262,14 +262,16 @@ func (f *fakeAPI) write(t *testing.T, name string, change func(*coordinationv1.L
 	if cur == nil {
 		cur = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}}
 		change(cur)
-		if _, err := f.cs.CoordinationV1().Leases(testNS).Create(context.Background(), cur, metav1.CreateOptions{}); err != nil {
+		_, err := f.leases().Create(context.Background(), cur, metav1.CreateOptions{})
+		if err != nil {
 			t.Fatalf("create %s: %v", name, err)
 		}
 		return
 	}
 	next := cur.DeepCopy()
 	change(next)
-	if _, err := f.cs.CoordinationV1().Leases(testNS).Update(context.Background(), next, metav1.UpdateOptions{}); err != nil {
+	_, err := f.leases().Update(context.Background(), next, metav1.UpdateOptions{})
+	if err != nil {
 		t.Fatalf("update %s: %v", name, err)
 	}
 }

@@ -22,7 +22,8 @@ func TestForbiddenSlotIsSkipped(t *testing.T) {
 	// The old pod still counts K = 3; slot 2 is no longer in its Role.
 	f.setHook(func(verb, name string, _ *coordinationv1.Lease) error {
 		if name == SlotName("demo", 2) {
-			return apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, name, errors.New("RBAC: not in resourceNames"))
+			gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+			return apierrors.NewForbidden(gr, name, errors.New("RBAC: not in resourceNames"))
 		}
 		return nil
 	})

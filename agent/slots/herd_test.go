@@ -179,10 +179,12 @@ func TestHerdWritesFewPerSlotTaken(t *testing.T) {
 		h.run(c.nodes)
 		perTake, p99 := float64(h.writes)/float64(h.takes), h.p99()
 		perMinute := float64(h.writes-h.takes) / h.waiting.Minutes()
-		t.Logf("%d nodes, K = %d, propagation %d ms: %.2f writes per slot taken, %.2f lost races per waiting node per minute, hand-over p99 %v of %d",
+		t.Logf("%d nodes, K = %d, propagation %d ms: %.2f writes per slot taken, "+
+			"%.2f lost races per waiting node per minute, hand-over p99 %v of %d",
 			c.nodes, c.k, c.p, perTake, perMinute, p99, len(h.handOvers))
 		if limit := window + time.Duration(c.p)*time.Millisecond; h.takes != c.nodes || perTake > 4 || p99 > limit {
-			t.Errorf("%d nodes, K = %d, propagation %d ms: %d of them took a slot, %.2f writes per slot taken, hand-over p99 %v; want all, at most 4, at most %v",
+			t.Errorf("%d nodes, K = %d, propagation %d ms: %d of them took a slot, %.2f writes per slot taken, "+
+				"hand-over p99 %v; want all, at most 4, at most %v",
 				c.nodes, c.k, c.p, h.takes, perTake, p99, limit)
 		}
 	}

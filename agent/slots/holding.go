@@ -3,6 +3,7 @@ package slots
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,25 +15,43 @@ import (
 
 // Holding is one held slot, renewed in the background until Release.
 type Holding struct {
-	g           *Gate
-	id          string
-	slot        int
-	seed        bool
-	ctx         context.Context // Hold's: once it ends, Release has Config.ReleaseGrace
-	stop        context.CancelFunc
-	done        chan struct{}         // closed when the renew loop has ended
-	lease       *coordinationv1.Lease // as last written; Release reads it once the loop has ended
-	lost        chan struct{}
-	wasLost     bool // set as lost is closed; Release reads it after done
+	g    *Gate
+	id   string
+	slot int
+	seed bool
+	// ctx is Hold's: once it ends, Release has Config.ReleaseGrace.
+	ctx  context.Context
+	stop context.CancelFunc
+	// done is closed when the renew loop has ended.
+	done chan struct{}
+	// lease is as last written; Release reads it once the loop has ended.
+	lease *coordinationv1.Lease
+	// unsure are the takes of other slots whose answer never came, cleared
+	// by the renew loop if they land (disownUnsure).
+	unsure []take
+	lost   chan struct{}
+	// wasLost is set as lost is closed; Release reads it after done.
+	wasLost     bool
 	releaseOnce sync.Once
 }
 
 // newHolding starts renewing a Lease that was just written with us as
 // holder; start is when the write was sent.
-func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slot int, id string, seed bool, start time.Time) *Holding {
+func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slot int, id string, seed bool,
+	start time.Time, unsure []take) *Holding {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Holding{g: g, id: id, slot: slot, seed: seed, ctx: held, stop: cancel,
-		done: make(chan struct{}), lease: lease, lost: make(chan struct{})}
+	h := &Holding{
+		g:      g,
+		id:     id,
+		slot:   slot,
+		seed:   seed,
+		ctx:    held,
+		stop:   cancel,
+		done:   make(chan struct{}),
+		lease:  lease,
+		unsure: unsure,
+		lost:   make(chan struct{}),
+	}
 	go h.renewLoop(ctx, start)
 	return h
 }
@@ -40,8 +59,13 @@ func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slo
 // A holder renews every third of the lease duration, and is holder for
 // two thirds of it after sending its last successful write; others take
 // the slot a full duration after they saw it (the gap absorbs drift).
-func (g *Gate) renewInterval() time.Duration { return g.cfg.LeaseDuration / 3 }
-func (g *Gate) renewDeadline() time.Duration { return g.cfg.LeaseDuration * 2 / 3 }
+func (g *Gate) renewInterval() time.Duration {
+	return g.cfg.LeaseDuration / 3
+}
+
+func (g *Gate) renewDeadline() time.Duration {
+	return g.cfg.LeaseDuration * 2 / 3
+}
 
 // The slot's Lease name and index, our holderIdentity in it, whether we
 // took it as a seed; Lost is closed when the slot is lost while held.
@@ -56,7 +80,11 @@ func (h *Holding) Lost() <-chan struct{} { return h.lost }
 func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 	defer close(h.done)
 	g := h.g
-	for sleep(ctx, lastGood.Add(g.renewInterval()).Sub(g.now())) {
+	h.disownUnsure(ctx)
+	for {
+		if !sleep(ctx, lastGood.Add(g.renewInterval()).Sub(g.now())) {
+			return
+		}
 		start := g.now()
 		rctx, cancel := context.WithDeadline(ctx, lastGood.Add(g.renewDeadline()))
 		// After a conflict (a seed marking slot 0), the new version is
@@ -70,18 +98,44 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 			return true, nil
 		})
 		cancel()
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			return
-		case err != nil:
+		}
+		if err != nil {
 			h.wasLost = true
 			close(h.lost)
 			g.log.Error("lost pull slot; this node no longer counts as a holder and stops pulling until it holds one again",
 				"slot", h.Name(), "holder", h.id, "lastRenewal", lastGood.Format(time.RFC3339Nano), "err", err)
 			return
 		}
-		h.lease, lastGood = updated, start
+		h.lease = updated
+		lastGood = start
+		h.disownUnsure(ctx)
 	}
+}
+
+// unsureFor is how long after it was sent a take's write whose answer
+// never came is watched for: the apiserver may still make a write after
+// the caller gave up on it, but not for long.
+func (g *Gate) unsureFor() time.Duration {
+	return 2 * g.cfg.CallTimeout
+}
+
+// disownUnsure clears the slots that takes of ours, whose answer never
+// came, wrote after all: nobody renews them. It looks at each once more
+// at every renewal until unsureFor has passed since its write.
+func (h *Holding) disownUnsure(ctx context.Context) {
+	g := h.g
+	h.unsure = slices.DeleteFunc(h.unsure, func(t take) bool {
+		name := SlotName(g.cfg.Instance, t.slot)
+		cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := g.disown(ctx, cur, t.id); err != nil {
+			g.log.Warn("could not clear a pull slot an unanswered take may have written; will look again",
+				"slot", name, "holder", t.id, "err", err)
+			return false
+		}
+		return g.now().Sub(t.sent) > g.unsureFor()
+	})
 }
 
 // Release gives the slot back: the holder is cleared, and a seed whose
@@ -97,13 +151,18 @@ func (h *Holding) Release() {
 		g := h.g
 		ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.CallTimeout)
 		defer cancel()
-		defer context.AfterFunc(h.ctx, func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) })()
+		// Once Hold's context ends (SIGTERM), what is left gets the grace.
+		graceOnEnd := func() { time.AfterFunc(g.cfg.ReleaseGrace, cancel) }
+		stopGrace := context.AfterFunc(h.ctx, graceOnEnd)
+		defer stopGrace()
 		// A seed whose pull ended records it on its slot in the release.
 		seeded := h.seed && !h.wasLost && h.ctx.Err() == nil
 		if h.seed && !seeded {
-			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished", "slot", h.Name(), "lost", h.wasLost)
+			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished",
+				"slot", h.Name(), "lost", h.wasLost)
 		}
-		if err := h.clear(ctx, seeded); err != nil {
+		err := h.clear(ctx, seeded)
+		if err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",
 				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "seeded", seeded, "err", err)
 			return
@@ -122,8 +181,7 @@ func (h *Holding) clear(ctx context.Context, seeded bool) error {
 		if seeded {
 			l.Annotations = labels.Merge(l.Annotations, map[string]string{SeededAnnotation: h.g.cfg.SeedKey})
 		}
-		now := metav1.NewMicroTime(h.g.now())
-		l.Spec.HolderIdentity, l.Spec.AcquireTime, l.Spec.RenewTime = nil, nil, &now
+		h.g.vacate(l)
 		return true, nil
 	})
 	if apierrors.IsNotFound(err) {
@@ -132,11 +190,39 @@ func (h *Holding) clear(ctx context.Context, seeded bool) error {
 	return err
 }
 
+// disown clears the Lease cur (read first if it has no resourceVersion)
+// if it names id: a take of ours whose outcome we did not know, which no
+// one renews.
+func (g *Gate) disown(ctx context.Context, cur *coordinationv1.Lease, id string) error {
+	_, err := g.rewrite(ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
+		if holder(l) != id {
+			return false, nil
+		}
+		g.log.Info("clearing a pull slot that a take whose answer never came wrote", "slot", l.Name, "holder", id)
+		g.vacate(l)
+		return true, nil
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// vacate makes l a free slot.
+func (g *Gate) vacate(l *coordinationv1.Lease) {
+	now := metav1.NewMicroTime(g.now())
+	l.Spec.HolderIdentity = nil
+	l.Spec.AcquireTime = nil
+	l.Spec.RenewTime = &now
+}
+
 // rewrite writes change applied to a copy of cur (read first when it has
 // no resourceVersion), if change says to. A conflict reads the Lease again;
 // other failures are tried again after a pause until ctx ends.
-func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change func(*coordinationv1.Lease) (bool, error)) (*coordinationv1.Lease, error) {
-	name, pause := cur.Name, minRetry/2 // doubling
+func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease,
+	change func(*coordinationv1.Lease) (bool, error)) (*coordinationv1.Lease, error) {
+	name := cur.Name
+	pause := minRetry / 2 // doubling
 	for {
 		var err error
 		if cur.ResourceVersion == "" {
@@ -148,7 +234,8 @@ func (g *Gate) rewrite(ctx context.Context, cur *coordinationv1.Lease, change fu
 			if cerr != nil || !write {
 				return cur, cerr
 			}
-			if next, err = g.update(ctx, next); err == nil {
+			next, err = g.update(ctx, next)
+			if err == nil {
 				return next, nil
 			}
 		}

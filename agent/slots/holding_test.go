@@ -18,7 +18,8 @@ type hungRelease struct {
 	started chan struct{}
 }
 
-func (c hungRelease) Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+func (c hungRelease) Update(ctx context.Context, l *coordinationv1.Lease,
+	opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	if l.Spec.HolderIdentity != nil {
 		return c.LeaseClient.Update(ctx, l, opts)
 	}

@@ -12,7 +12,8 @@ import (
 // without a successful renewal, leaving a third for a takeover to wait out.
 func TestRenewCadence(t *testing.T) {
 	for _, d := range []time.Duration{0, 30 * time.Second} {
-		g, err := New(Config{Client: fake.NewSimpleClientset().CoordinationV1().Leases("ns"), Namespace: "ns", Instance: "demo",
+		leases := fake.NewSimpleClientset().CoordinationV1().Leases("ns")
+		g, err := New(Config{Client: leases, Namespace: "ns", Instance: "demo",
 			Slots: 1, Identity: "pod", LeaseDuration: d})
 		if err != nil {
 			t.Fatal(err)

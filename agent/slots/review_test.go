@@ -23,7 +23,11 @@ import (
 func (f *fakeAPI) oldSlot(t *testing.T, i int) {
 	t.Helper()
 	f.write(t, SlotName("demo", i), func(l *coordinationv1.Lease) {
-		l.Labels = map[string]string{LabelInstance: "demo", LabelComponent: LabelComponentSlot, v1alpha1.LabelDomain + "/slot": "0"}
+		l.Labels = map[string]string{
+			LabelInstance:                  "demo",
+			LabelComponent:                 LabelComponentSlot,
+			v1alpha1.LabelDomain + "/slot": "0",
+		}
 		l.Annotations = map[string]string{SeededAnnotation: "the-previous-list"}
 	})
 }

@@ -34,10 +34,11 @@ import (
 const (
 	// DefaultLeaseDuration is client-go's leader election default.
 	DefaultLeaseDuration = 15 * time.Second
-	DefaultCallTimeout   = 10 * time.Second // bounds each API call
-	// DefaultForbiddenFor: a restarted apiserver answers Forbidden until
-	// its RBAC caches are filled, which takes seconds.
-	DefaultForbiddenFor = 30 * time.Second
+	// DefaultCallTimeout bounds each API call.
+	DefaultCallTimeout = 10 * time.Second
+	// DefaultRefusedFor is how long the API may refuse every slot, or the
+	// list, before the wait ends: the agent's one span for refusals.
+	DefaultRefusedFor = kube.RefusedFor
 	// DefaultReleaseGrace bounds a release once the pod is terminating.
 	DefaultReleaseGrace = 5 * time.Second
 
@@ -58,13 +59,16 @@ type LeaseClient = kube.LeaseClient
 
 // Config says which slots to use and how.
 type Config struct {
-	// Client is the Lease client of Namespace, the agent's own namespace;
+	// Client is the Lease client of Namespace, the agent's own namespace.
+	Client    LeaseClient
+	Namespace string
 	// Instance names the slots: <Instance>-slot-0 .. <Instance>-slot-(K-1).
-	Client              LeaseClient
-	Namespace, Instance string
-	// Slots is K, the number of nodes that may pull at once; SeedNodes is
-	// N, how many pull until one seed has finished (0: no seed mode).
-	Slots, SeedNodes int
+	Instance string
+	// Slots is K, the number of nodes that may pull at once.
+	Slots int
+	// SeedNodes is N, how many pull until one seed has finished (0: no
+	// seed mode).
+	SeedNodes int
 	// SeedKey names what is being seeded, for example a digest of the image
 	// list: a finished seed opens the gate only for nodes with the same key,
 	// so a new list is seeded again. Empty means "any seed counts".
@@ -76,10 +80,15 @@ type Config struct {
 	// rounded up. Default DefaultLeaseDuration.
 	LeaseDuration time.Duration
 	// ReleaseGrace bounds a release once the context given to Hold has
-	// ended, a release already in flight included; CallTimeout bounds each
-	// API call; ForbiddenFor is how long the API may refuse every slot (or
-	// the list) before the wait ends with an error. Defaults Default*.
-	ReleaseGrace, CallTimeout, ForbiddenFor time.Duration
+	// ended, a release already in flight included. Default
+	// DefaultReleaseGrace.
+	ReleaseGrace time.Duration
+	// CallTimeout bounds each API call. Default DefaultCallTimeout.
+	CallTimeout time.Duration
+	// RefusedFor is how long the API may refuse (403, 401) every slot, or
+	// the list, before the wait ends with an error. Default
+	// DefaultRefusedFor.
+	RefusedFor time.Duration
 	// Logger receives progress and problems. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -92,31 +101,69 @@ type Gate struct {
 	selector string
 	// The clock, the window a take's delay is drawn in and the first pause
 	// after a failed call (wait.go); tests replace them.
-	now           func() time.Time
-	window, retry time.Duration
+	now    func() time.Time
+	window time.Duration
+	retry  time.Duration
 }
 
-// New checks cfg and fills in defaults.
+// New checks cfg and fills in defaults. The agent's flags are checked
+// where they are read (agent/cli); New checks again, so that no caller
+// gets a gate that can never hand out a slot.
 func New(cfg Config) (*Gate, error) {
-	// The agent's flags are checked where they are read (agent/cli).
-	switch {
-	case cfg.Slots < 1:
-		return nil, fmt.Errorf("slots: %d slots, need at least 1", cfg.Slots)
-	case cfg.Identity == "":
-		return nil, errors.New("slots: no holder identity (set POD_NAME)")
+	if err := check(cfg); err != nil {
+		return nil, fmt.Errorf("slots: %w", err)
 	}
 	// leaseDurationSeconds is whole: rounded up, never less than asked.
-	cfg.LeaseDuration = (cmp.Or(cfg.LeaseDuration, DefaultLeaseDuration) + time.Second - 1).Truncate(time.Second)
+	duration := cmp.Or(cfg.LeaseDuration, DefaultLeaseDuration)
+	cfg.LeaseDuration = (duration + time.Second - 1).Truncate(time.Second)
 	cfg.CallTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
 	cfg.ReleaseGrace = cmp.Or(cfg.ReleaseGrace, DefaultReleaseGrace)
-	cfg.ForbiddenFor = cmp.Or(cfg.ForbiddenFor, DefaultForbiddenFor)
+	cfg.RefusedFor = cmp.Or(cfg.RefusedFor, DefaultRefusedFor)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.SeedKey = cmp.Or(cfg.SeedKey, "true")
-	return &Gate{
-		cfg: cfg, log: cfg.Logger.With("component", "slots"),
-		selector: labels.SelectorFromSet(labels.Set{LabelInstance: cfg.Instance, LabelComponent: LabelComponentSlot}).String(),
-		now:      time.Now, window: window, retry: minRetry,
-	}, nil
+	selector := labels.SelectorFromSet(labels.Set{LabelInstance: cfg.Instance, LabelComponent: LabelComponentSlot})
+	g := &Gate{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "slots"),
+		selector: selector.String(),
+		now:      time.Now,
+		window:   window,
+		retry:    minRetry,
+	}
+	return g, nil
+}
+
+// check says what in cfg makes a gate that cannot work.
+func check(cfg Config) error {
+	switch {
+	case cfg.Client == nil:
+		return errors.New("no Lease client")
+	case cfg.Namespace == "":
+		return errors.New("no namespace (set POD_NAMESPACE)")
+	case cfg.Instance == "":
+		return errors.New("no instance name")
+	case cfg.Slots < 1:
+		return fmt.Errorf("%d slots, need at least 1", cfg.Slots)
+	case cfg.SeedNodes < 0:
+		return fmt.Errorf("%d seed nodes, need 0 (no seed mode) or more", cfg.SeedNodes)
+	case cfg.Identity == "":
+		return errors.New("no holder identity (set POD_NAME)")
+	}
+	durations := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"lease duration", cfg.LeaseDuration},
+		{"call timeout", cfg.CallTimeout},
+		{"release grace", cfg.ReleaseGrace},
+		{"refusal span", cfg.RefusedFor},
+	}
+	for _, d := range durations {
+		if d.d < 0 {
+			return fmt.Errorf("negative %s %s", d.name, d.d)
+		}
+	}
+	return nil
 }
 
 // SlotName is the name of slot i of an instance.
@@ -129,13 +176,34 @@ func SlotName(instance string, i int) string {
 // must Release the result.
 func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
-	h, err := g.newWaiter(ctx).wait()
+	w := g.newWaiter(ctx)
+	h, err := w.wait()
 	if err != nil {
+		g.disownAll(w.unsure)
 		return nil, err
 	}
 	g.log.Info("acquired pull slot", "slot", h.Name(), "holder", h.id, "seed", h.seed,
 		"waited", g.now().Sub(start).Round(time.Millisecond).String())
 	return h, nil
+}
+
+// disownAll clears, within Config.ReleaseGrace, the slots that takes
+// whose answer never came may have written, when the wait ends without a
+// slot: nobody would renew them.
+func (g *Gate) disownAll(unsure []take) {
+	if len(unsure) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ReleaseGrace)
+	defer cancel()
+	for _, t := range unsure {
+		name := SlotName(g.cfg.Instance, t.slot)
+		cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := g.disown(ctx, cur, t.id); err != nil {
+			g.log.Error("could not clear a pull slot an unanswered take may have written;"+
+				" it frees itself after the lease duration", "slot", name, "holder", t.id, "err", err)
+		}
+	}
 }
 
 func holder(lease *coordinationv1.Lease) string {
@@ -157,16 +225,29 @@ func (g *Gate) duration(lease *coordinationv1.Lease) time.Duration {
 // taken is slot i's Lease with id as its new holder: prev (nil when the
 // Lease is made) with our labels on it and one more transition.
 func (g *Gate) taken(prev *coordinationv1.Lease, i int, id string, now time.Time) *coordinationv1.Lease {
-	next := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: SlotName(g.cfg.Instance, i), Namespace: g.cfg.Namespace}}
+	meta := metav1.ObjectMeta{Name: SlotName(g.cfg.Instance, i), Namespace: g.cfg.Namespace}
+	next := &coordinationv1.Lease{ObjectMeta: meta}
 	transitions := int32(0)
 	if prev != nil {
 		next = prev.DeepCopy()
 		transitions = ptr.Deref(prev.Spec.LeaseTransitions, 0) + 1
 	}
-	secs, t := int32(g.cfg.LeaseDuration/time.Second), metav1.NewMicroTime(now)
-	next.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &secs, AcquireTime: &t, RenewTime: &t, LeaseTransitions: &transitions}
+	secs := int32(g.cfg.LeaseDuration / time.Second)
+	t := metav1.NewMicroTime(now)
+	next.Spec = coordinationv1.LeaseSpec{
+		HolderIdentity:       &id,
+		LeaseDurationSeconds: &secs,
+		AcquireTime:          &t,
+		RenewTime:            &t,
+		LeaseTransitions:     &transitions,
+	}
 	// The waiters' watch selects on these labels.
-	next.Labels = labels.Merge(next.Labels, map[string]string{LabelName: "image-prefetcher", LabelInstance: g.cfg.Instance, LabelComponent: LabelComponentSlot})
+	ours := map[string]string{
+		LabelName:      "image-prefetcher",
+		LabelInstance:  g.cfg.Instance,
+		LabelComponent: LabelComponentSlot,
+	}
+	next.Labels = labels.Merge(next.Labels, ours)
 	return next
 }
 

@@ -23,6 +23,15 @@ func TestNewValidates(t *testing.T) {
 	}{
 		{"zero slots", func(c *Config) { c.Slots = 0 }, "at least 1"},
 		{"no identity", func(c *Config) { c.Identity = "" }, "POD_NAME"},
+		// A negative SeedNodes made no slot eligible, ever (issue 50).
+		{"negative seed nodes", func(c *Config) { c.SeedNodes = -1 }, "seed nodes"},
+		{"no client", func(c *Config) { c.Client = nil }, "Lease client"},
+		{"no namespace", func(c *Config) { c.Namespace = "" }, "namespace"},
+		{"no instance", func(c *Config) { c.Instance = "" }, "instance"},
+		{"negative lease duration", func(c *Config) { c.LeaseDuration = -time.Second }, "lease duration"},
+		{"negative call timeout", func(c *Config) { c.CallTimeout = -time.Second }, "call timeout"},
+		{"negative release grace", func(c *Config) { c.ReleaseGrace = -time.Second }, "release grace"},
+		{"negative refusal span", func(c *Config) { c.RefusedFor = -time.Second }, "refusal span"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,13 +57,17 @@ func TestNewDefaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, err := New(Config{Client: fake.NewSimpleClientset().CoordinationV1().Leases("ns"), Namespace: "ns", Instance: "demo",
+			leases := fake.NewSimpleClientset().CoordinationV1().Leases("ns")
+			g, err := New(Config{Client: leases, Namespace: "ns", Instance: "demo",
 				Slots: 1, Identity: "pod", LeaseDuration: tt.duration})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g.cfg.LeaseDuration != tt.want || g.cfg.CallTimeout != DefaultCallTimeout || g.cfg.ReleaseGrace != DefaultReleaseGrace || g.cfg.ForbiddenFor != DefaultForbiddenFor {
-				t.Errorf("got duration %v call %v grace %v forbidden %v", g.cfg.LeaseDuration, g.cfg.CallTimeout, g.cfg.ReleaseGrace, g.cfg.ForbiddenFor)
+			c := g.cfg
+			if c.LeaseDuration != tt.want || c.CallTimeout != DefaultCallTimeout ||
+				c.ReleaseGrace != DefaultReleaseGrace || c.RefusedFor != DefaultRefusedFor {
+				t.Errorf("got duration %v call %v grace %v refused %v",
+					c.LeaseDuration, c.CallTimeout, c.ReleaseGrace, c.RefusedFor)
 			}
 		})
 	}
@@ -276,7 +289,8 @@ func TestSlotLost(t *testing.T) {
 }
 
 func TestAPIErrors(t *testing.T) {
-	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "demo-slot-0", errors.New("RBAC"))
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	forbidden := apierrors.NewForbidden(gr, "demo-slot-0", errors.New("RBAC"))
 	tests := []struct {
 		name     string
 		failures int // how many calls fail before the API recovers; -1 for ever
@@ -285,13 +299,13 @@ func TestAPIErrors(t *testing.T) {
 	}{
 		{"transient errors are retried", 3, apierrors.NewInternalError(errors.New("etcd hiccup")), false},
 		{"timeouts are retried", 2, apierrors.NewServerTimeout(leasesGVR.GroupResource(), "get", 1), false},
-		{"forbidden is fatal", -1, forbidden, true},
-		{"unauthorized is fatal", -1, apierrors.NewUnauthorized("no token"), true},
+		{"forbidden for RefusedFor ends the wait", -1, forbidden, true},
+		{"unauthorized for RefusedFor ends the wait", -1, apierrors.NewUnauthorized("no token"), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakeAPI(t)
-			g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, ForbiddenFor: 50 * time.Millisecond}, 0)
+			g := f.gate(t, Config{Slots: 2, LeaseDuration: time.Hour, RefusedFor: 50 * time.Millisecond}, 0)
 			n := 0
 			f.setHook(func(string, string, *coordinationv1.Lease) error {
 				if tt.failures >= 0 && n >= tt.failures {
@@ -403,7 +417,9 @@ func TestSeedsNotLimitedWhenSeedsCoverSlots(t *testing.T) {
 func TestSeededOnAnySlot(t *testing.T) {
 	f := newFakeAPI(t)
 	f.labeledSlot(t, 1)
-	f.write(t, SlotName("demo", 1), func(l *coordinationv1.Lease) { l.Annotations = map[string]string{SeededAnnotation: "true"} })
+	f.write(t, SlotName("demo", 1), func(l *coordinationv1.Lease) {
+		l.Annotations = map[string]string{SeededAnnotation: "true"}
+	})
 	g := f.gate(t, Config{Slots: 2, SeedNodes: 1}, 0)
 	a, b := hold(t, g), hold(t, g)
 	if a.seed || b.seed {

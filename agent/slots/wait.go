@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 )
 
 // Waiting. A waiter lists the instance's slot Leases and follows them
@@ -49,43 +51,66 @@ const (
 type waiter struct {
 	g   *Gate
 	ctx context.Context
-	// id: our holder in the last take, new for every take; unsure: those
-	// of takes whose answer never came (a Lease naming one is ours).
-	id     string
-	unsure []string
+	// id is our holder in the last take, new for every take.
+	id string
+	// unsure are the takes whose answer never came: a Lease naming one
+	// of them is ours (free, take), and one we do not go on to hold is
+	// cleared (Holding.disownUnsure, Gate.Hold).
+	unsure []take
 	names  []string
 	// By slot: free looks at every slot at every event, which by name
 	// took 9 µs at K = 100, 3.6 times the event's decoding (3.3 µs by
-	// slot; BenchmarkWaiterEvent). The latest version of each Lease; when
-	// we first saw it at that version, on our clock; the version we lost
-	// a race on, skipped till it changes.
-	leases, lostAt []*coordinationv1.Lease
-	since          []time.Time
-	seeded         bool
+	// slot; BenchmarkWaiterEvent).
+	// leases: the latest version of each Lease.
+	leases []*coordinationv1.Lease
+	// since: when we first saw that version, on our clock.
+	since []time.Time
+	// lostAt: the version we lost a race on, skipped till it changes.
+	lostAt []*coordinationv1.Lease
+	seeded bool
 	// retry is the next pause after a failed API call; no write goes out
 	// before quietUntil.
 	retry      time.Duration
 	quietUntil time.Time
-	// denied: the slots the API refused (a lowered maxConcurrentNodes);
-	// refusedSince: since when it refuses every slot, or the list.
-	denied       []bool
+	// deniedUntil: when a slot the API refused (a lowered
+	// maxConcurrentNodes, or a restarting apiserver) is tried again;
+	// deniedPause: the pause after its next refusal, doubling.
+	deniedUntil []time.Time
+	deniedPause []time.Duration
+	// refusedSince: since when the API refuses every slot, or the list.
 	refusedSince time.Time
 	loggedWait   bool
-	// rv: the last version seen, where a watch resumes ("" after a 410
-	// Gone: list again); listedAt: the last list.
-	rv       string
+	// rv is the last version seen, where a watch resumes ("" after a 410
+	// Gone: list again).
+	rv string
+	// listedAt is when the last list was sent.
 	listedAt time.Time
 	aim      aim
 }
 
+// take is a take's write whose answer never came: the holder it named,
+// the slot, and when it was sent.
+type take struct {
+	id   string
+	slot int
+	sent time.Time
+}
+
 func (g *Gate) newWaiter(ctx context.Context) *waiter {
+	k := g.cfg.Slots
 	w := &waiter{
-		g: g, ctx: ctx,
-		seeded: g.cfg.SeedNodes == 0, retry: g.retry, aim: aim{slot: -1},
-		leases: make([]*coordinationv1.Lease, g.cfg.Slots), lostAt: make([]*coordinationv1.Lease, g.cfg.Slots),
-		since: make([]time.Time, g.cfg.Slots), denied: make([]bool, g.cfg.Slots),
+		g:           g,
+		ctx:         ctx,
+		seeded:      g.cfg.SeedNodes == 0,
+		retry:       g.retry,
+		aim:         aim{slot: -1},
+		leases:      make([]*coordinationv1.Lease, k),
+		lostAt:      make([]*coordinationv1.Lease, k),
+		since:       make([]time.Time, k),
+		deniedUntil: make([]time.Time, k),
+		deniedPause: make([]time.Duration, k),
 	}
-	for i := range g.cfg.Slots {
+	for i := range k {
 		w.names = append(w.names, SlotName(g.cfg.Instance, i))
 	}
 	return w
@@ -94,22 +119,16 @@ func (g *Gate) newWaiter(ctx context.Context) *waiter {
 // wait lists and watches the slots until it holds one.
 func (w *waiter) wait() (*Holding, error) {
 	g := w.g
-	var pause time.Duration // after a failure; and lists come at most once a second
-	for ; sleep(w.ctx, max(pause, w.listedAt.Add(listPeriod).Sub(g.now()))); pause = 0 {
-		stream, err := w.list()
-		for err == nil {
-			w.refusedSince, w.retry = time.Time{}, g.retry
-			started, seen := g.now(), w.rv
-			var h *Holding
-			h, err = w.follow(stream)
-			stream.Stop()
-			if h != nil || err != nil {
-				return h, err
-			}
-			if w.rv == "" || g.now().Sub(started) < time.Second && w.rv == seen {
-				break // gone, or ended at once with nothing in it: list again
-			}
-			stream, err = w.watch()
+	// pause follows a failure; and lists come at most once a second.
+	var pause time.Duration
+	for {
+		if !sleep(w.ctx, max(pause, w.listedAt.Add(listPeriod).Sub(g.now()))) {
+			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
+		}
+		pause = 0
+		h, err := w.listAndFollow()
+		if h != nil {
+			return h, nil
 		}
 		if err == nil || w.ctx.Err() != nil {
 			continue
@@ -117,20 +136,56 @@ func (w *waiter) wait() (*Holding, error) {
 		if permanent(err) {
 			return nil, fmt.Errorf("list Leases %s/%s: %w", g.cfg.Namespace, g.selector, err)
 		}
-		if apierrors.IsForbidden(err) { // for good under an old Role; for a moment after a restart
-			if err := w.refused("list and watch Leases "+g.cfg.Namespace+" (the Role needs list and watch on leases: render the instance again)", err); err != nil {
+		if kube.Refused(err) {
+			// For good under an old Role; for a moment after a restart.
+			what := "list and watch Leases " + g.cfg.Namespace +
+				" (the Role needs list and watch on leases: render the instance again)"
+			if err := w.refused(what, err); err != nil {
 				return nil, err
 			}
 		}
 		pause = w.backOff()
-		g.log.Warn("listing or watching the pull slots failed; will retry", "retryIn", pause.Round(time.Millisecond).String(), "err", err)
+		g.log.Warn("listing or watching the pull slots failed; will retry",
+			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
 	}
-	return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
 }
 
-// permanent errors end the wait: waiting cannot help.
+// listAndFollow lists the slots and follows them, resuming ended watches,
+// until it holds a slot, a call fails, or the slots should be listed
+// again (nil, nil).
+func (w *waiter) listAndFollow() (*Holding, error) {
+	g := w.g
+	stream, err := w.list()
+	for err == nil {
+		w.refusedSince = time.Time{}
+		w.retry = g.retry
+		started := g.now()
+		seen := w.rv
+		var h *Holding
+		h, err = w.follow(stream)
+		stream.Stop()
+		if h != nil || err != nil {
+			return h, err
+		}
+		if w.rv == "" {
+			return nil, nil // gone: list again
+		}
+		if g.now().Sub(started) < time.Second && w.rv == seen {
+			return nil, nil // ended at once with nothing in it: list again
+		}
+		stream, err = w.watch()
+	}
+	return nil, err
+}
+
+// permanent errors end the wait: waiting cannot help. A refusal (403,
+// 401) is not one of them: it is retried for Config.RefusedFor.
 func permanent(err error) bool {
-	return apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsMethodNotSupported(err)
+	switch {
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsMethodNotSupported(err):
+		return true
+	}
+	return false
 }
 
 // backOff returns the pause after a failed call, and doubles the next.
@@ -145,7 +200,8 @@ func (w *waiter) list() (watch.Interface, error) {
 	g := w.g
 	w.listedAt = g.now()
 	lctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
-	list, err := g.cfg.Client.List(lctx, metav1.ListOptions{LabelSelector: g.selector})
+	opts := metav1.ListOptions{LabelSelector: g.selector}
+	list, err := g.cfg.Client.List(lctx, opts)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -159,7 +215,7 @@ func (w *waiter) list() (watch.Interface, error) {
 		if i < 0 {
 			continue // a slot above K, or named otherwise: not ours to take
 		}
-		if o := old[i]; o == nil || o.ResourceVersion != l.ResourceVersion {
+		if old[i] == nil || old[i].ResourceVersion != l.ResourceVersion {
 			w.since[i] = now // changed out of sight: its expiry starts now
 		}
 		w.leases[i] = l
@@ -171,7 +227,13 @@ func (w *waiter) list() (watch.Interface, error) {
 // watch follows the slots from the last version seen.
 func (w *waiter) watch() (watch.Interface, error) {
 	secs := int64((resync + mrand.N(resync+1)) / time.Second)
-	return w.g.cfg.Client.Watch(w.ctx, metav1.ListOptions{LabelSelector: w.g.selector, ResourceVersion: w.rv, TimeoutSeconds: &secs, AllowWatchBookmarks: true})
+	opts := metav1.ListOptions{
+		LabelSelector:       w.g.selector,
+		ResourceVersion:     w.rv,
+		TimeoutSeconds:      &secs,
+		AllowWatchBookmarks: true,
+	}
+	return w.g.cfg.Client.Watch(w.ctx, opts)
 }
 
 // follow waits on the watch until it holds a slot. It returns (nil, nil)
@@ -208,11 +270,14 @@ func (w *waiter) follow(stream watch.Interface) (*Holding, error) {
 				return nil, nil
 			}
 		case <-timer.C:
-			if i := w.aim.slot; i >= 0 && !g.now().Before(w.aim.at) {
-				w.aim.slot = -1 // whatever the outcome, aim anew
-				if h, err := w.take(stream, i); h != nil || err != nil {
-					return h, err
-				}
+			i := w.aim.slot
+			if i < 0 || g.now().Before(w.aim.at) {
+				continue
+			}
+			w.aim.slot = -1 // whatever the outcome, aim anew
+			h, err := w.take(stream, i)
+			if h != nil || err != nil {
+				return h, err
 			}
 		}
 	}
@@ -247,7 +312,8 @@ func (a *aim) update(free []int, now time.Time, delay func(i int) time.Duration)
 		a.slot = free[mrand.IntN(len(free))]
 		a.at = now.Add(delay(a.slot))
 	default:
-		if r := mrand.IntN(len(free)); r < len(fresh) {
+		r := mrand.IntN(len(free))
+		if r < len(fresh) {
 			a.slot = fresh[r] // with the draw kept
 		}
 	}
@@ -256,7 +322,8 @@ func (a *aim) update(free []int, now time.Time, delay func(i int) time.Duration)
 // apply folds one watch event into what the waiter knows.
 func (w *waiter) apply(ev watch.Event) {
 	if ev.Type == watch.Error { // 410 Gone (too old to resume from), or another failure: list again
-		w.g.log.Debug("the watch of the pull slots ended with an error; listing them again", "err", apierrors.FromObject(ev.Object))
+		w.g.log.Debug("the watch of the pull slots ended with an error; listing them again",
+			"err", apierrors.FromObject(ev.Object))
 		w.rv = ""
 		return
 	}
@@ -264,7 +331,8 @@ func (w *waiter) apply(ev watch.Event) {
 	if !ok {
 		return
 	}
-	if w.rv = l.ResourceVersion; ev.Type == watch.Bookmark {
+	w.rv = l.ResourceVersion
+	if ev.Type == watch.Bookmark {
 		return
 	}
 	i := slices.Index(w.names, l.Name)
@@ -274,7 +342,8 @@ func (w *waiter) apply(ev watch.Event) {
 	if ev.Type == watch.Deleted {
 		l = nil
 	}
-	w.leases[i], w.since[i] = l, w.g.now()
+	w.leases[i] = l
+	w.since[i] = w.g.now()
 }
 
 // eligible is the number of slots that may be taken now.
@@ -286,7 +355,7 @@ func (w *waiter) eligible() int {
 }
 
 // free lists the eligible slots that may be taken now, and says when to
-// look again: the next expiry of a held slot.
+// look again: the next expiry of a held slot, or the end of a denial.
 func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	g := w.g
 	for _, l := range w.leases {
@@ -295,19 +364,28 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 			g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 		}
 	}
+	later := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
 	for i := range w.eligible() {
 		l := w.leases[i]
-		if w.denied[i] || l != nil && w.lostAt[i] == l {
+		if now.Before(w.deniedUntil[i]) {
+			later(w.deniedUntil[i])
 			continue
 		}
-		switch h := holder(l); {
-		case slices.Contains(w.unsure, h):
+		if l != nil && w.lostAt[i] == l {
+			continue
+		}
+		h := holder(l)
+		if w.isUnsure(h) {
 			return []int{i}, time.Time{} // a lost answer's write: taken again at once
-		case h != "":
-			if expiry := w.since[i].Add(g.duration(l)); now.Before(expiry) {
-				if next.IsZero() || expiry.Before(next) {
-					next = expiry
-				}
+		}
+		if h != "" {
+			expiry := w.since[i].Add(g.duration(l))
+			if now.Before(expiry) {
+				later(expiry)
 				continue
 			}
 		}
@@ -316,13 +394,18 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 	return free, next
 }
 
+// isUnsure says whether id is the holder of one of our unsure takes.
+func (w *waiter) isUnsure(id string) bool {
+	return id != "" && slices.ContainsFunc(w.unsure, func(t take) bool { return t.id == id })
+}
+
 // delay is the wait before writing slot i: the window less an
 // exponential draw of mean window/8, not below 0, and not before a
 // failed call's pause has passed; a slot that names an earlier take of
 // ours (free then lists it alone) is taken at once.
 func (w *waiter) delay(i int) time.Duration {
 	d := draw(w.g.window)
-	if slices.Contains(w.unsure, holder(w.leases[i])) {
+	if w.isUnsure(holder(w.leases[i])) {
 		d = 0
 	}
 	return max(d, w.quietUntil.Sub(w.g.now()))
@@ -340,10 +423,13 @@ func draw(window time.Duration) time.Duration {
 // noticed.
 func (w *waiter) take(stream watch.Interface, i int) (*Holding, error) {
 	g := w.g
-	name, l := w.names[i], w.leases[i]
-	verb, write := "update", g.update
+	name := w.names[i]
+	l := w.leases[i]
+	verb := "update"
+	write := g.update
 	w.id = fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32())
-	switch h := holder(l); {
+	h := holder(l)
+	switch {
 	case l == nil:
 		// RBAC cannot limit create by name, but it limits get: the read
 		// refuses a slot above a lowered maxConcurrentNodes.
@@ -351,23 +437,31 @@ func (w *waiter) take(stream watch.Interface, i int) (*Holding, error) {
 		if err == nil {
 			// Made without our labels (by an older agent) or not shown
 			// yet: judged from now like any other, taken by an update.
-			w.leases[i], w.since[i] = got, g.now()
+			w.leases[i] = got
+			w.since[i] = g.now()
 			return nil, nil
 		}
 		if !apierrors.IsNotFound(err) {
 			return nil, w.failed("get", i, nil, err)
 		}
-		verb, write = "create", g.create
-	case h != "":
+		verb = "create"
+		write = g.create
+	case h != "" && !w.isUnsure(h):
 		g.log.Info("taking over expired pull slot", "slot", name, "previousHolder", h)
 	}
-	seed, sent := !w.seeded, g.now()
+	seed := !w.seeded
+	sent := g.now()
 	lease := g.taken(l, i, w.id, sent)
-	held, err := w.send(stream, i, func(ctx context.Context) (*coordinationv1.Lease, error) { return write(ctx, lease) })
+	held, err := w.send(stream, i, func(ctx context.Context) (*coordinationv1.Lease, error) {
+		return write(ctx, lease)
+	})
 	if err != nil {
 		return nil, w.failed(verb, i, l, err)
 	}
-	return g.newHolding(w.ctx, held, i, w.id, seed, sent), nil
+	// Earlier takes of other slots whose answer never came may still
+	// land; the holding clears any that does.
+	pending := slices.DeleteFunc(slices.Clone(w.unsure), func(t take) bool { return t.slot == i })
+	return g.newHolding(w.ctx, held, i, w.id, seed, sent, pending), nil
 }
 
 // send makes a take's write of slot i while it reads the watch, and
@@ -376,31 +470,70 @@ func (w *waiter) take(stream watch.Interface, i int) (*Holding, error) {
 // apiserver that stops answering) shows in the watch long before the
 // call's timeout. Our holder is new for every take, so a Lease naming it
 // comes from this write. A watch that ends leaves the write to its answer.
-// A call the watch answered first is left to end on its own, within its
-// timeout: cancelled, client-go logs an error for a write that was made.
-func (w *waiter) send(stream watch.Interface, i int, write func(context.Context) (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
+//
+// The write does not end with the wait's context: a write cut off by a
+// SIGTERM may have been made all the same. So once the context ends, the
+// write's answer is awaited and what it may have written is cleared
+// (abandon), lest the slot name a holder nobody renews.
+func (w *waiter) send(stream watch.Interface, i int,
+	write func(context.Context) (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
 	var held *coordinationv1.Lease
 	var err error
 	answered := make(chan struct{})
 	go func() {
 		defer close(answered)
-		held, err = write(w.ctx)
+		held, err = write(context.WithoutCancel(w.ctx))
 	}()
+	result := func() (*coordinationv1.Lease, error) { return held, err }
 	events := stream.ResultChan()
 	for {
+		// An ended wait wins over an answer or an event that came with it:
+		// the slot is cleared, not held by a node that stops.
+		if w.ctx.Err() != nil {
+			w.abandon(i, w.id, answered, result)
+			return nil, fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
+		}
 		select {
 		case <-answered:
-			return held, err
+			if w.ctx.Err() != nil {
+				continue
+			}
+			return result()
+		case <-w.ctx.Done():
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // follow sees it ended once the write is answered
 				continue
 			}
 			w.apply(ev)
-			if l := w.leases[i]; holder(l) == w.id {
-				return l, nil
+			if holder(w.leases[i]) == w.id && w.ctx.Err() == nil {
+				return w.leases[i], nil
 			}
 		}
+	}
+}
+
+// abandon clears slot i of the take id in flight when the wait ended:
+// within Config.ReleaseGrace, it waits for the write's answer for half
+// of it, then clears the Lease if it names id. result is the answer, once
+// answered is closed.
+func (w *waiter) abandon(i int, id string, answered <-chan struct{},
+	result func() (*coordinationv1.Lease, error)) {
+	g := w.g
+	grace := g.cfg.ReleaseGrace
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: w.names[i]}}
+	select {
+	case <-answered:
+		if held, err := result(); err == nil {
+			cur = held
+		}
+	case <-time.After(grace / 2):
+	}
+	if err := g.disown(ctx, cur, id); err != nil {
+		g.log.Error("could not clear the pull slot a take cut short by termination may have written;"+
+			" it frees itself after the lease duration", "slot", w.names[i], "holder", id, "err", err)
 	}
 }
 
@@ -411,45 +544,49 @@ func (w *waiter) send(stream watch.Interface, i int, write func(context.Context)
 func (w *waiter) failed(verb string, i int, seen *coordinationv1.Lease, err error) error {
 	g := w.g
 	switch {
-	case apierrors.IsForbidden(err):
-		return w.forbidden(verb, i, err)
+	case kube.Refused(err):
+		return w.denied(verb, i, err)
 	case permanent(err):
 		return fmt.Errorf("%s Lease %s/%s: %w", verb, g.cfg.Namespace, w.names[i], err)
-	}
-	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
+	case apierrors.IsConflict(err), apierrors.IsAlreadyExists(err), apierrors.IsNotFound(err):
 		w.lostAt[i] = seen // another node wrote first; follow aims anew
 		return nil
 	}
 	g.log.Warn("pull slot API call failed; backing off", "verb", verb, "slot", w.names[i], "err", err)
-	w.unsure = append(w.unsure, w.id)
+	if verb != "get" {
+		w.unsure = append(w.unsure, take{id: w.id, slot: i, sent: g.now()})
+	}
 	w.quietUntil = g.now().Add(w.backOff())
 	return nil
 }
 
-// forbidden skips a slot the API refused us; the wait ends once every
-// eligible slot was refused for ForbiddenFor.
-func (w *waiter) forbidden(verb string, i int, err error) error {
+// denied skips a slot the API refused us (403, 401) for a pause, 1 s
+// doubling to 30 s: a lowered maxConcurrentNodes refuses it for good, a
+// restarting apiserver for seconds. The wait ends once the API has
+// refused every eligible slot for RefusedFor.
+func (w *waiter) denied(verb string, i int, err error) error {
 	g := w.g
-	w.denied[i] = true // free skips it from now on
-	g.log.Warn("not allowed to use this pull slot (was maxConcurrentNodes lowered?); skipping it", "slot", w.names[i], "verb", verb, "err", err)
-	if slices.Contains(w.denied[:w.eligible()], false) {
-		return nil
+	now := g.now()
+	pause := cmp.Or(w.deniedPause[i], g.retry)
+	w.deniedPause[i] = min(2*pause, maxRetry)
+	w.deniedUntil[i] = now.Add(pause)
+	g.log.Warn("the API refused this pull slot (was maxConcurrentNodes lowered?); skipping it for a while",
+		"slot", w.names[i], "verb", verb, "retryIn", pause.String(), "err", err)
+	for j := range w.eligible() {
+		if !now.Before(w.deniedUntil[j]) {
+			return nil // another slot may still be taken
+		}
 	}
-	if err := w.refused(verb+" every pull slot Lease in "+g.cfg.Namespace, err); err != nil {
-		return err
-	}
-	clear(w.denied)
-	w.quietUntil = g.now().Add(w.backOff())
-	return nil
+	return w.refused(verb+" every pull slot Lease in "+g.cfg.Namespace, err)
 }
 
-// refused ends the wait once the API has refused us for ForbiddenFor: a
-// restarted apiserver refuses until its RBAC caches are filled.
+// refused ends the wait once the API has refused us for RefusedFor: a
+// restarted apiserver refuses until its RBAC and token caches are filled.
 func (w *waiter) refused(what string, err error) error {
 	now := w.g.now()
 	w.refusedSince = cmp.Or(w.refusedSince, now)
-	if now.Sub(w.refusedSince) < w.g.cfg.ForbiddenFor {
+	if now.Sub(w.refusedSince) < w.g.cfg.RefusedFor {
 		return nil
 	}
-	return fmt.Errorf("%s (refused for %s): %w", what, w.g.cfg.ForbiddenFor, err)
+	return fmt.Errorf("%s (refused for %s): %w", what, w.g.cfg.RefusedFor, err)
 }

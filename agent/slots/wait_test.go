@@ -13,7 +13,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -147,7 +146,8 @@ func TestEndedWatch(t *testing.T) {
 			}
 			relisted := f.listCount() > lists
 			if tc.resumes && (relisted || watched[0] != rv) {
-				t.Errorf("after the watch ended: listed again %v, watched from version %q; want a watch from %q, no list", relisted, watched[0], rv)
+				t.Errorf("after the watch ended: listed again %v, watched from version %q; want a watch from %q, no list",
+					relisted, watched[0], rv)
 			}
 			if !tc.resumes && !relisted {
 				t.Errorf("a watch that ended at once with nothing in it was resumed from version %q, want a list first", watched[0])
@@ -160,25 +160,25 @@ func TestEndedWatch(t *testing.T) {
 }
 
 // A Role rendered before waiting by watch has no list or watch on Leases.
-// The wait ends, once the API has refused for ForbiddenFor (a restarted
+// The wait ends, once the API has refused for RefusedFor (a restarted
 // apiserver refuses for a moment), with an error that says what to do.
 func TestListForbiddenEndsTheWait(t *testing.T) {
 	f := newFakeAPI(t)
-	denied := apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "", errors.New("RBAC: no list"))
+	denied := apierrors.NewForbidden(leasesGR, "", errors.New("RBAC: no list"))
 	f.setHook(func(verb, _ string, _ *coordinationv1.Lease) error {
 		if verb == "list" || verb == "watch" {
 			return denied
 		}
 		return nil
 	})
-	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, ForbiddenFor: 100 * time.Millisecond}, 0)
+	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, RefusedFor: 100 * time.Millisecond}, 0)
 	start := time.Now()
 	_, err := g.Hold(context.Background())
 	if !errors.Is(err, denied) || !strings.Contains(err.Error(), "render the instance again") {
 		t.Fatalf("Hold: %v, want the refusal and what to do about it", err)
 	}
 	if waited := time.Since(start); waited < 100*time.Millisecond {
-		t.Errorf("gave up after %v, before ForbiddenFor", waited)
+		t.Errorf("gave up after %v, before RefusedFor", waited)
 	}
 }
 
@@ -275,7 +275,8 @@ func TestFailedTakeBacksOff(t *testing.T) {
 	for k := 1; k < writes; k++ {
 		gap, least := times[k].Sub(times[k-1]), g.retry<<(k-1)/2
 		if gap < least {
-			t.Errorf("failed write %d came %v after the one before; a failed take must back off (at least %v here)", k+1, gap, least)
+			t.Errorf("failed write %d came %v after the one before; a failed take must back off (at least %v here)",
+				k+1, gap, least)
 		}
 	}
 }
@@ -289,7 +290,8 @@ func TestDepartedHerdLeavesNoSlotIdle(t *testing.T) {
 			f := newFakeAPI(t)
 			var held []*Holding
 			for i := range k {
-				held = append(held, hold(t, f.gate(t, Config{Slots: k, Identity: fmt.Sprintf("holder-%d", i), LeaseDuration: time.Hour}, 0)))
+				cfg := Config{Slots: k, Identity: fmt.Sprintf("holder-%d", i), LeaseDuration: time.Hour}
+				held = append(held, hold(t, f.gate(t, cfg, 0)))
 			}
 			w := f.gate(t, Config{Slots: k, Identity: "last", LeaseDuration: time.Hour}, 0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -361,13 +363,16 @@ func TestDelayRules(t *testing.T) {
 	w.leases[0] = free
 	conflict := apierrors.NewConflict(leasesGVR.GroupResource(), free.Name, errors.New("modified"))
 	if err := w.failed("update", 0, free, conflict); err != nil || w.quietUntil.After(now) || w.retry != g.retry {
-		t.Errorf("after a lost race: err %v, quiet until %v, next retry %v; want nil, no pause, no backoff", err, w.quietUntil.Sub(now), w.retry)
+		t.Errorf("after a lost race: err %v, quiet until %v, next retry %v; want nil, no pause, no backoff",
+			err, w.quietUntil.Sub(now), w.retry)
 	}
 	if slots, _ := w.free(now); len(slots) != 3 || slots[0] == 0 {
 		t.Errorf("free slots %v right after losing the race for slot 0, want the 3 others", slots)
 	}
-	if err := w.failed("update", 1, nil, apierrors.NewServiceUnavailable("down")); err != nil || !w.quietUntil.After(now) || w.retry != 2*g.retry {
-		t.Errorf("after a failed write: err %v, quiet until %v, next retry %v; want nil, a pause, a doubled retry", err, w.quietUntil, w.retry)
+	err := w.failed("update", 1, nil, apierrors.NewServiceUnavailable("down"))
+	if err != nil || !w.quietUntil.After(now) || w.retry != 2*g.retry {
+		t.Errorf("after a failed write: err %v, quiet until %v, next retry %v; want nil, a pause, a doubled retry",
+			err, w.quietUntil, w.retry)
 	}
 	if d := w.delay(1); d < w.quietUntil.Sub(g.now())-time.Millisecond {
 		t.Errorf("delay %v while paused until %v, want the pause at least", d, w.quietUntil.Sub(g.now()))
@@ -379,7 +384,7 @@ func TestDelayRules(t *testing.T) {
 		}
 	}
 	mine := free.DeepCopy()
-	w.unsure = []string{"pod-lost"} // a take's write whose answer never came
+	w.unsure = []take{{id: "pod-lost"}} // a take's write whose answer never came
 	mine.Spec.HolderIdentity = ptr.To("pod-lost")
 	w.leases[0] = mine
 	if d := w.delay(0); d != 0 {
@@ -417,7 +422,8 @@ func TestRacersStayFewAtAnyHerdSize(t *testing.T) {
 			mean := float64(racers) / trials
 			t.Logf("propagation %v, herd %d: %.1f writes per freed slot", propagation, herd, mean)
 			if mean > 4 {
-				t.Errorf("propagation %v, herd %d: %.1f nodes write for one freed slot, want a handful (at most 4)", propagation, herd, mean)
+				t.Errorf("propagation %v, herd %d: %.1f nodes write for one freed slot, want a handful (at most 4)",
+					propagation, herd, mean)
 			}
 		}
 	}
@@ -429,7 +435,8 @@ func TestRacersStayFewAtAnyHerdSize(t *testing.T) {
 func BenchmarkWaiterEvent(b *testing.B) {
 	for _, k := range []int{10, 100, 1000} {
 		b.Run(fmt.Sprintf("K=%d", k), func(b *testing.B) {
-			g, err := New(Config{Client: fake.NewSimpleClientset().CoordinationV1().Leases(testNS), Namespace: testNS, Instance: "demo", Slots: k, Identity: "node-a"})
+			leases := fake.NewSimpleClientset().CoordinationV1().Leases(testNS)
+			g, err := New(Config{Client: leases, Namespace: testNS, Instance: "demo", Slots: k, Identity: "node-a"})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -109,6 +109,9 @@ const (
 	evAnswerLost = "answer-lost"
 	// A Lease list the harness answered 503 (FailFirstList).
 	evListFailed = "list-failed"
+	// The agent ended; Value is how many events its Lease watches
+	// delivered to it (watchcount.go).
+	evWatched = "watched"
 )
 
 // MaybeRunAgents runs the agents process and exits when the environment
@@ -276,6 +279,8 @@ type simAgent struct {
 	// requests counts the agent's API requests, those the harness
 	// answered itself included.
 	requests atomic.Int64
+	// watchEvents counts the events the agent's Lease watches delivered.
+	watchEvents atomic.Int64
 }
 
 func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[string]int64, transfers *transferClient, throttled *atomic.Bool, em *emitter, log *slog.Logger) (*simAgent, error) {
@@ -301,7 +306,14 @@ func newSimAgent(ctx context.Context, spec agentsSpec, id agentID, sizes map[str
 	if err != nil {
 		return nil, err
 	}
-	leases := faults{LeaseClient: kc.Leases(spec.Namespace), lost: spec.LostAnswers, throttled: throttled, emit: a.emit, requests: &a.requests}
+	leases := faults{
+		LeaseClient: kc.Leases(spec.Namespace),
+		lost:        spec.LostAnswers,
+		throttled:   throttled,
+		emit:        a.emit,
+		requests:    &a.requests,
+		watchEvents: &a.watchEvents,
+	}
 	if spec.FailFirstList {
 		leases.failList = &atomic.Bool{}
 		leases.failList.Store(true)
@@ -334,6 +346,7 @@ func (a *simAgent) emit(kind string, slot int, value string) {
 // agent that left writes no label, as fetch terminated writes none.
 func (a *simAgent) run(entries []imagelist.Entry) {
 	a.emit(evStart, -1, "")
+	defer a.reportWatched()
 	start := time.Now()
 	results := a.puller.Run(a.ctx, entries, "")
 	if a.ctx.Err() != nil {
@@ -375,7 +388,9 @@ type faults struct {
 	throttled *atomic.Bool
 	failList  *atomic.Bool
 	requests  *atomic.Int64
-	emit      func(kind string, slot int, value string)
+	// watchEvents counts the events the agent's watches delivered.
+	watchEvents *atomic.Int64
+	emit        func(kind string, slot int, value string)
 }
 
 func (f faults) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -80,6 +81,11 @@ type Run struct {
 	// FirstHold and AllWaiting are when the first slot was held and when
 	// every agent had asked for one, from the start.
 	FirstHold, AllWaiting time.Duration
+	// WatchEvents is the events the agents' own Lease watches delivered
+	// to them over the run, and WaitingSeconds the time they spent
+	// waiting for a slot, summed over the agents (watchcount.go).
+	WatchEvents    int64
+	WaitingSeconds float64
 	// Joiners are the nodes that joined alone after the herd (Config.Join).
 	Joiners []Joiner `json:",omitempty"`
 }
@@ -111,6 +117,16 @@ func (r Run) PerWaiterMinute() float64 {
 		return math.NaN()
 	}
 	return r.Window.Waiters() * 60 / r.WindowWaiting
+}
+
+// WatchPerWaiterMinute is the watch events the agents' own watches
+// delivered per waiting node per minute, over the whole run: an agent
+// watches only while it waits.
+func (r Run) WatchPerWaiterMinute() float64 {
+	if r.WaitingSeconds <= 0 {
+		return math.NaN()
+	}
+	return float64(r.WatchEvents) * 60 / r.WaitingSeconds
 }
 
 // PerHold is the waiters' requests in the window per slot taken in it:
@@ -214,6 +230,11 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 			run.Left++
 		case evAnswerLost:
 			run.AnswersLost++
+		case evWatched:
+			n, err := strconv.ParseInt(ev.Value, 10, 64)
+			if err == nil {
+				run.WatchEvents += n
+			}
 		case evThrottled:
 			if third := int(3 * (at - ft.Start) / max(ft.End-ft.Start, 1)); cfg.Throttle > 0 && third >= 0 && third < 3 {
 				run.Throttled[third]++
@@ -231,6 +252,10 @@ func analyze(cfg Config, opts Options, t0, end time.Time, events []event, scrape
 	}
 	if cfg.Shrink > 0 && ft.Start > 0 {
 		run.ShrinkIdle = shrinkIdle(cfg.Slots, events, t0, ft.Start)
+	}
+	if len(events) > 0 {
+		last := rel(events[len(events)-1].T)
+		run.WaitingSeconds = meanWaiting(steps, 0, last) * last.Seconds()
 	}
 	run.HandOverMissing = len(pending)
 	run.HandOvers = len(lat)

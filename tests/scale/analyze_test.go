@@ -101,6 +101,7 @@ func TestChecksThatCannotTell(t *testing.T) {
 	want := []string{
 		"n10-k2-throttle1s: no take was answered 429 in the first third",
 		"n10-k2: no node waited in the steady-state window",
+		"n10-k2: no count: no node waited, or a report from before the count",
 		"n10-k2: no hand-over while nodes waited",
 	}
 	if !slices.Equal(unknown, want) {

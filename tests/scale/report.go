@@ -37,14 +37,17 @@ type Report struct {
 	BeforeLabel, AfterLabel string `json:"-"`
 }
 
-// Targets of issue 34, checked on the runs at the largest node count. The
-// time to the last label is reported, not targeted: with pulls of real
-// length the hand-over is under 1% of a slot.
+// Targets of issues 34 and 50, checked on the runs at the largest node
+// count. The time to the last label is reported, not targeted: with pulls
+// of real length the hand-over is under 1% of a slot. Issue 50 set the
+// hand-over p99 to 5 s (a lone waiter's random delay alone passes 2.95 s
+// in 12.5 % of takes) and added the watch events a waiting node receives.
 const (
-	targetPerWaiterMinute = 1.0
-	targetHandOverP99     = 3 * time.Second
-	targetBackoff         = 0.5
-	targetShrinkIdle      = 30 * time.Second
+	targetPerWaiterMinute      = 1.0
+	targetWatchPerWaiterMinute = 10.0
+	targetHandOverP99          = 5 * time.Second
+	targetBackoff              = 0.5
+	targetShrinkIdle           = 30 * time.Second
 	// targetJoinWait: no slot free for more than 30 s while a node waits,
 	// here a node that joins alone when every slot is free.
 	targetJoinWait = 30 * time.Second
@@ -75,6 +78,7 @@ func (r Report) Markdown() string {
 		fmt.Fprintf(&b, "- **Pull times:** each node's link is the set ÷ a time drawn uniformly from %.0f–%.0f s (the same for a node in every run), under b: real sets take tens of seconds to minutes a node, and with pulls of about a second every tenth of a second of hand-over would show. The ideal is then at least N × the mean pull ÷ K.\n", p[0], p[1])
 	}
 	b.WriteString(`- **Ideal:** N × set ÷ C, every byte through the registry at full capacity. With seeds: the seeds' own pull (set ÷ their links) first, then the other nodes' bytes at C.
+- **Watch events** are counted by the agents themselves: each simulated agent counts the events its own Lease watches deliver to it (bookmarks included), and an agent watches only while it waits for a slot, so *watch events per waiting node per minute* is their sum over the time the agents spent waiting, the whole run (watchcount.go). Heartbeats are in it: every renewal a waiter's watch delivers is an event.
 - **API requests** are read from the apiserver's own ` + "`apiserver_request_total`" + `, scraped during the run. *Steady state* is the middle half of the run (between the scrapes nearest to 25 % and 75 % of the time to the last label). *Waiter requests* are every Lease request except successful writes: reads, lists, watches and writes refused with 409 Conflict; *holder writes* are the successful slot Lease writes (take, renew, clear; the node heartbeats, counted by the harness, are left out); *label patches* are Node PATCHes. *Per waiting node per minute* divides the waiter requests by the mean number of nodes waiting for a slot in that window (from the agents' reports). *Waiter requests per slot taken* divides the same requests by the slots taken in the window: what a hand-over costs (the nodes that lost the race to it got 409s), as opposed to what waiting costs while nothing changes. *Apiserver CPU* is its own ` + "`process_cpu_seconds_total`" + ` over the same window, in cores (the machine has 2, shared with the agents). The request counter counts a watch when it ends, which for a waiter is when it takes a slot; watches are counted here when they start instead: those that ended in the window, plus those open at its end, less those open at its start (the apiserver's ` + "`apiserver_longrunning_requests`" + ` gauge).
 - **Hand-over latency:** for each slot, from the moment its holder starts releasing to the moment the next holder's ` + "`Hold`" + ` returns that slot. Only hand-overs while the waiting nodes outnumbered the free slots count (at the end of a run a slot may rightly stay free). The agents report their timestamps to the harness; all processes share the machine's clock.
 - **Peak holders** is counted three ways: from the agents' reports (from ` + "`Hold`" + ` returning to ` + "`Release`" + ` starting or the slot being lost), from a watch on the slot Leases (Leases naming a holder at once), and at the registry (nodes with a transfer in progress at once: the nodes that pull, whatever their slots say).
@@ -87,17 +91,17 @@ func (r Report) Markdown() string {
 	if r.PlotFile != "" {
 		fmt.Fprintf(&b, "![Nodes labeled over time](%s)\n\n", r.PlotFile)
 	}
-	b.WriteString("| run | nodes | K | seed | last label | ideal | ratio | API req/s (all) | apiserver CPU (cores) | waiter req/s | waiter req per waiting node per min | waiting nodes (mean) | waiter req per slot taken | holder writes/s | label patches/s | hand-over p50 / p99 / max (n) | peak holders: agents / Leases / pulling | agents CPU per agent | RSS per agent | served / needed |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
+	b.WriteString("| run | nodes | K | seed | last label | ideal | ratio | API req/s (all) | apiserver CPU (cores) | waiter req/s | waiter req per waiting node per min | watch events per waiting node per min | waiting nodes (mean) | waiter req per slot taken | holder writes/s | label patches/s | hand-over p50 / p99 / max (n) | peak holders: agents / Leases / pulling | agents CPU per agent | RSS per agent | served / needed |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
 	for _, run := range r.Runs {
 		c := run.Config
 		seed := "–"
 		if c.SeedNodes > 0 {
 			seed = fmt.Sprint(c.SeedNodes)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %.1f s | %.1f s | %s | %.1f | %.2f | %.1f | %.2f | %.0f | %.2f | %.1f | %.1f | %s / %s / %s (%d) | %d / %d / %d | %s | %s | %.3f× |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %.1f s | %.1f s | %s | %.1f | %.2f | %.1f | %.2f | %.1f | %.0f | %.2f | %.1f | %.1f | %s / %s / %s (%d) | %d / %d / %d | %s | %s | %.3f× |\n",
 			c.Name(), c.Nodes, c.Slots, seed, run.Last.Seconds(), run.Ideal.Seconds(), ratio(run),
-			run.Window.Total(), run.Window.CPU, run.Window.Waiters(), run.PerWaiterMinute(), run.WindowWaiting, run.PerHold(), run.Window.Holders(), run.Window.Labels(),
+			run.Window.Total(), run.Window.CPU, run.Window.Waiters(), run.PerWaiterMinute(), run.WatchPerWaiterMinute(), run.WindowWaiting, run.PerHold(), run.Window.Holders(), run.Window.Labels(),
 			ms(run.HandOverP50), ms(run.HandOverP99), ms(run.HandOverMax), run.HandOvers,
 			run.PeakHeldAgents, run.PeakHeldAPI, run.PeakPulling, ms(run.CPUPerAgent()), size(run.RSSPerAgent()), float64(run.Served)/float64(run.Needed))
 	}
@@ -214,6 +218,13 @@ func (r Report) Checks() []Check {
 			} else {
 				out = append(out, check(n, pwTarget, fmt.Sprintf("%.2f", pw), pw <= targetPerWaiterMinute))
 			}
+			wTarget := fmt.Sprintf("≤ %.0f watch events per waiting node per minute (counted by the agents' watches)",
+				targetWatchPerWaiterMinute)
+			if w := run.WatchPerWaiterMinute(); math.IsNaN(w) {
+				out = append(out, unknown(n, wTarget, "no count: no node waited, or a report from before the count"))
+			} else {
+				out = append(out, check(n, wTarget, fmt.Sprintf("%.1f", w), w <= targetWatchPerWaiterMinute))
+			}
 			hoTarget := fmt.Sprintf("hand-over p99 ≤ %s", targetHandOverP99)
 			if run.HandOvers == 0 {
 				out = append(out, unknown(n, hoTarget, "no hand-over while nodes waited"))
@@ -274,7 +285,7 @@ func firstList(j Joiner) string {
 // beforeAfter is the table of the runs both reports have, side by side.
 func (r Report) beforeAfter(b *strings.Builder) {
 	fmt.Fprintf(b, "\n## Before and after\n\nThe same runs, same harness, on %s (before; load average %s at the start) and on %s (after, above; load average %s). Each cell is before → after.\n\n", r.BeforeLabel, r.Before.Load, r.AfterLabel, r.Load)
-	b.WriteString("| run | labeled succeeded | last label ÷ ideal | waiter req per waiting node per min | hand-over p50 / p99 | peak holders: agents / Leases / pulling (K) | slots lost | pulls cancelled | fault: refill, backoff or longest idle |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | labeled succeeded | last label ÷ ideal | waiter req per waiting node per min | watch events per waiting node per min | hand-over p50 / p99 | peak holders: agents / Leases / pulling (K) | slots lost | pulls cancelled | fault: refill, backoff or longest idle |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, after := range r.Runs {
 		for _, before := range r.Before.Runs {
 			if before.Config != after.Config {
@@ -289,8 +300,9 @@ func (r Report) beforeAfter(b *strings.Builder) {
 			case c.Shrink > 0:
 				fault = ms(before.ShrinkIdle) + " → " + ms(after.ShrinkIdle)
 			}
-			fmt.Fprintf(b, "| %s | %d → %d | %s → %s | %.2f → %.2f | %s / %s → %s / %s | %d / %d / %d → %d / %d / %d (%d) | %d → %d | %d → %d | %s |\n",
+			fmt.Fprintf(b, "| %s | %d → %d | %s → %s | %.2f → %.2f | %.1f → %.1f | %s / %s → %s / %s | %d / %d / %d → %d / %d / %d (%d) | %d → %d | %d → %d | %s |\n",
 				after.Config.Name(), before.Succeeded, after.Succeeded, ratio(before), ratio(after), before.PerWaiterMinute(), after.PerWaiterMinute(),
+				before.WatchPerWaiterMinute(), after.WatchPerWaiterMinute(),
 				ms(before.HandOverP50), ms(before.HandOverP99), ms(after.HandOverP50), ms(after.HandOverP99),
 				before.PeakHeldAgents, before.PeakHeldAPI, before.PeakPulling, after.PeakHeldAgents, after.PeakHeldAPI, after.PeakPulling, after.Config.Slots,
 				before.Lost, after.Lost, before.Cancelled, after.Cancelled, fault)

@@ -44,6 +44,8 @@ func TestScaleSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := rep.Runs[0]
+	t.Logf("watch events per waiting node per minute: %.1f (%d events over %.0f waiting node-seconds)",
+		run.WatchPerWaiterMinute(), run.WatchEvents, run.WaitingSeconds)
 	t.Logf("last label %.1fs (%.2f× ideal), peak held %d/%d, waiter requests %.2f per waiting node per minute, hand-over p50 %s p99 %s (%d)",
 		run.Last.Seconds(), run.Ratio(), run.PeakHeldAgents, run.PeakHeldAPI, run.PerWaiterMinute(), run.HandOverP50, run.HandOverP99, run.HandOvers)
 	if run.PeakHolders() > cfg.Slots {

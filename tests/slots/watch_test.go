@@ -63,12 +63,12 @@ func (e *testEnv) testQuietWaiters(t *testing.T) {
 
 // A Role rendered before waiting by watch has no list or watch on Leases.
 // With the real RBAC, the wait ends with an error that says what to do,
-// once the refusal has lasted ForbiddenFor (a restarted apiserver refuses
+// once the refusal has lasted RefusedFor (a restarted apiserver refuses
 // for a moment too).
 func (e *testEnv) testOldRole(t *testing.T) {
 	const instance = "oldrole"
 	token := e.agentTokenWith(t, instance, 1, "create")
-	g := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "pod", LeaseDuration: time.Hour, ForbiddenFor: time.Second})
+	g := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "pod", LeaseDuration: time.Hour, RefusedFor: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := g.Hold(ctx)
