@@ -8,9 +8,11 @@ import (
 )
 
 // With the default rendering (no spec.disk.imageFilesystem, nothing of the
-// node mounted), the agent on CRI-O knows the image filesystem's figures,
-// the kubelet's own, and its ceiling holds pulls back: at 1%, below what
-// the node's disk already holds, no pull starts.
+// node mounted) and a kubelet serving a self-signed certificate (kubeadm's
+// default, which the agent sends no token to), the agent on CRI-O knows
+// the image filesystem's figures, the kubelet's own, from its own root
+// filesystem (issue 48), and its ceiling holds pulls back: at 1%, below
+// what the node's disk already holds, no pull starts.
 func TestCRIODiskFiguresAndCeiling(t *testing.T) {
 	refs := images(t, 720, "crio-disk")
 	deploy(t, "crio-disk", list(refs...)+"  disk:\n    ceilingPercent: 1\n")
