@@ -28,7 +28,9 @@ type ImageFs struct {
 // ErrNoKubeletStats is wrapped by the errors that asking again will not
 // mend by itself: a serving certificate the agent cannot verify, a
 // configuration that would not verify it, a kubelet that refuses the
-// agent's token (401, 403), a summary without the image filesystem.
+// agent's token (401, 403), a port that drops packets, a summary without
+// the image filesystem. The figures are then asked again with backoff, but
+// pulls do not wait for them.
 var ErrNoKubeletStats = errors.New("no kubelet stats for the agent")
 
 // KubeletStats reads the image filesystem from the node's own kubelet,
@@ -97,8 +99,15 @@ func (k *KubeletStats) Read(ctx context.Context) (ImageFs, error) {
 	}
 	resp, err := k.client.Do(req)
 	if err != nil {
-		if unverified(err) {
+		var nerr net.Error
+		switch {
+		case unverified(err):
 			err = fmt.Errorf("%w: %w", ErrNoKubeletStats, err)
+		case errors.As(err, &nerr) && nerr.Timeout() && ctx.Err() == nil:
+			// Packets dropped: a default-deny egress policy or a host
+			// firewall, not a kubelet starting (it refuses, or answers 500).
+			err = fmt.Errorf("%w: no answer from the kubelet's port (the agent needs egress to it): %w",
+				ErrNoKubeletStats, err)
 		}
 		return ImageFs{}, fmt.Errorf("kubelet stats: %w", err)
 	}
