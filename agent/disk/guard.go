@@ -94,7 +94,7 @@ func (g *Guard) awaitFigures(ctx context.Context, err error) (Usage, error) {
 		wait = DefaultFiguresWait
 	}
 	if g.Log != nil {
-		g.Log.Info("no pull starts until the image filesystem's figures come", "for at most", wait, "err", err)
+		g.Log.Info("no pull starts until the image filesystem's figures come", "maxWait", wait, "err", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
