@@ -44,6 +44,10 @@ type NodeFigures struct {
 // errNoReadingYet is the figures' error before the first read ended.
 var errNoReadingYet = errors.New("kubelet stats: no reading yet")
 
+// errStale is the figures' error when the last reading is too old and the
+// next has not ended.
+var errStale = errors.New("kubelet stats: the last reading is too old, the next one is under way")
+
 // NewNodeFigures reads through connect, which finds the kubelet. Reads
 // run under ctx: they end with it.
 func NewNodeFigures(ctx context.Context, connect func(context.Context) (*KubeletStats, error)) *NodeFigures {
@@ -78,6 +82,11 @@ func (f *NodeFigures) ImageFs() (ImageFs, error) {
 	}
 	if !f.at.IsZero() && now.Sub(f.at) < f.MaxStale {
 		return f.last, nil
+	}
+	if f.err == nil {
+		// Not asked for a while (between two checks): the read just
+		// started gives the figures.
+		return ImageFs{}, errStale
 	}
 	return ImageFs{}, f.err
 }

@@ -164,3 +164,25 @@ func TestNodeFiguresStale(t *testing.T) {
 		}
 	}
 }
+
+// Figures not asked for longer than MaxStale (an idle watch between two
+// checks) are late, never zero.
+func TestNodeFiguresAfterIdle(t *testing.T) {
+	cfg, _ := fakeCluster(t, 0, func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(figuresSummary)) })
+	c, err := NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := c.NodeFigures(context.Background(), "n1")
+	f.MaxAge, f.MaxStale = time.Millisecond, 5*time.Millisecond
+	awaitFigures(t, f)
+	time.Sleep(10 * time.Millisecond)
+	if fs, err := f.ImageFs(); err == nil && fs.CapacityBytes == 0 {
+		t.Fatalf("ImageFs after idle = %+v, nil error: zero figures", fs)
+	} else if err == nil && fs.CapacityBytes != 1000 {
+		t.Fatalf("ImageFs after idle = %+v", fs)
+	}
+	if fs := awaitFigures(t, f); fs.CapacityBytes != 1000 {
+		t.Errorf("figures %+v after the read that idle started", fs)
+	}
+}
