@@ -58,6 +58,7 @@ type agentFlags struct {
 	startupTaint          taintFlags
 	pin                   pinFlags
 	diskCeilingPercent    int
+	kubeletStats          bool
 
 	// Set from the command line by parsed.
 	labelNodeSet bool
@@ -96,6 +97,7 @@ func (f *agentFlags) register(cmd *cobra.Command, deps *Deps) {
 	fs.DurationVar(&f.labelRetryFor, "label-retry-timeout", 2*time.Minute, "how long transient API errors are retried when labeling")
 	f.startupTaint.register(fs)
 	f.pin.register(fs)
+	fs.BoolVar(&f.kubeletStats, "kubelet-stats", true, "read the image filesystem's figures from this node's kubelet (get nodes/stats) when neither a mount of it nor the agent's own root filesystem tells them")
 	fs.IntVar(&f.diskCeilingPercent, "disk-ceiling-percent", int(v1alpha1.DefaultDiskCeilingPercent), "no pull starts once the runtime's image filesystem is this full (percent, as the kubelet counts it), and pulls in flight stop before it is")
 	_ = fs.MarkHidden("permanent-error-attempts")
 	_ = fs.MarkHidden("label-retry-timeout")
@@ -334,7 +336,8 @@ func (a *agent) init(ctx context.Context, args []string) error {
 		a.cri = nil
 		return err
 	}
-	a.disk = &disk.Guard{Reader: disk.Reader{Runtime: c, Kubelet: a.kubeletImageFs(ctx)}, Ceiling: disk.Ceiling{Percent: f.diskCeilingPercent}, Log: log}
+	figures := disk.Reader{Runtime: c, Root: &disk.OwnRoot{}, Kubelet: a.kubeletImageFs(ctx)}
+	a.disk = &disk.Guard{Reader: figures, Ceiling: disk.Ceiling{Percent: f.diskCeilingPercent}, Log: log}
 	cfg := pull.Config{
 		Disk:                  a.disk,
 		Parallelism:           f.parallelism,

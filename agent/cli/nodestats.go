@@ -2,29 +2,36 @@ package cli
 
 import (
 	"context"
-	"time"
+	"errors"
+	"fmt"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 )
 
-// kubeletImageFs returns the reader of the image filesystem's figures from
-// this node's kubelet (docs/agent.md, "Node figures"), or nil when the
-// agent has no API client that can reach it. A kubelet that cannot be
-// reached now is asked again at each look: the reader is built once.
+// nodeFiguresGetter is implemented by clients that can reach a node's
+// kubelet with their own credentials.
+type nodeFiguresGetter interface {
+	NodeFigures(ctx context.Context, node string) *kube.NodeFigures
+}
+
+// kubeletImageFs returns the kubelet source of the image filesystem's
+// figures (docs/agent.md, "Node figures"), or nil when it is off
+// (--kubelet-stats=false) or the agent has no API client that can reach
+// it. It answers from the last reading, read in the background and asked
+// again with backoff for the life of the process: a kubelet or apiserver
+// that fails now gives figures once it answers.
 func (a *agent) kubeletImageFs(ctx context.Context) func(context.Context) (uint64, uint64, error) {
-	g, ok := a.kube.(kube.KubeletStatsGetter)
-	if !ok || a.flags.nodeName == "" {
+	g, ok := a.kube.(nodeFiguresGetter)
+	if !ok || a.flags.nodeName == "" || !a.flags.kubeletStats {
 		return nil
 	}
-	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	k, err := g.KubeletStats(gctx, a.flags.nodeName)
-	if err != nil {
-		a.log.Warn("cannot reach this node's kubelet for the image filesystem's figures; without spec.disk.imageFilesystem mounted, the pin budget and the disk ceiling are unknown", "err", err)
-		return nil
-	}
-	return func(ctx context.Context) (uint64, uint64, error) {
-		fs, err := k.ImageFs(ctx)
+	f := g.NodeFigures(ctx, a.flags.nodeName)
+	return func(context.Context) (uint64, uint64, error) {
+		fs, err := f.ImageFs()
+		if errors.Is(err, kube.ErrNoKubeletStats) {
+			err = fmt.Errorf("%w: %w", disk.ErrNoSource, err)
+		}
 		return fs.CapacityBytes, fs.AvailableBytes, err
 	}
 }

@@ -10,10 +10,12 @@
 // The ceiling stops pulling before that.
 //
 // The CRI says where the images are (ImageFsInfo) and how many bytes they
-// take, but not how large the filesystem is. The kubelet's stats summary
-// tells (Reader.Kubelet), with the figures its GC and eviction use, on any
-// node layout; statfs of the mountpoint tells the same, fresher, when the
-// path is mounted from the host (spec.disk.imageFilesystem).
+// take, but not how large the filesystem is. statfs tells, with the
+// figures the kubelet's GC and eviction use: of the mountpoint when it is
+// mounted from the host (spec.disk.imageFilesystem), else of the agent's
+// own root, which the runtime keeps on that filesystem (OwnRoot). The
+// kubelet's stats summary (Reader.Kubelet) is the last source, for layouts
+// where neither is.
 package disk
 
 import (
@@ -85,9 +87,14 @@ type Reader struct {
 	// Statfs returns a filesystem's capacity and available bytes; statfs(2)
 	// when nil.
 	Statfs func(path string) (capacity, available uint64, err error)
+	// Root reads the agent's own root filesystem when it lies on the
+	// image filesystem; asked when statfs of the mountpoint fails (the
+	// path is not mounted in the pod: the default). Nil: not asked.
+	Root *OwnRoot
 	// Kubelet returns the image filesystem's capacity and available bytes
-	// as the kubelet's stats summary has them; asked when statfs fails
-	// (the path is not mounted in the pod: the default). Nil: not asked.
+	// as the kubelet's stats summary has them; asked when neither statfs
+	// answers. It must not wait on the network: it returns its last
+	// reading. Nil: not asked.
 	Kubelet func(ctx context.Context) (capacity, available uint64, err error)
 }
 
@@ -111,7 +118,11 @@ func (r Reader) Read(ctx context.Context) (Usage, error) {
 }
 
 // Stat reads the capacity of a known mountpoint, without asking the
-// runtime: statfs when the path is mounted, else the kubelet's figures.
+// runtime, from the first source that answers: statfs of the mountpoint
+// when it is mounted, statfs of the agent's own root when it lies there,
+// the kubelet's last figures. The error wraps ErrFiguresLate when a
+// source failed this time (a kubelet answering 500), rather than none
+// being there at all (each wraps ErrNoSource).
 func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 	statfs := r.Statfs
 	if statfs == nil {
@@ -119,16 +130,32 @@ func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 	}
 	u := Usage{Mountpoint: mountpoint}
 	capacity, avail, err := statfs(mountpoint)
-	if err != nil && r.Kubelet != nil {
-		var kerr error
-		if capacity, avail, kerr = r.Kubelet(ctx); kerr != nil {
-			err = fmt.Errorf("%w; %w", kerr, err)
-		} else {
-			err = nil
+	// Not mounted is the default, not a failure.
+	late := false
+	try := func(read func() (uint64, uint64, error)) {
+		if err == nil {
+			return
 		}
+		c, a, serr := read()
+		if serr == nil {
+			capacity, avail, err = c, a, nil
+			return
+		}
+		late = late || !errors.Is(serr, ErrNoSource)
+		err = fmt.Errorf("%w; %w", serr, err)
+	}
+	if r.Root != nil {
+		try(func() (uint64, uint64, error) { return r.Root.Figures(mountpoint) })
+	}
+	if r.Kubelet != nil {
+		try(func() (uint64, uint64, error) { return r.Kubelet(ctx) })
 	}
 	if err != nil {
-		return u, fmt.Errorf("%w: %w (the sources: the kubelet's stats summary, or %s mounted from the host: spec.disk.imageFilesystem)", ErrCapacityUnknown, err, mountpoint)
+		if late {
+			err = fmt.Errorf("%w: %w", ErrFiguresLate, err)
+		}
+		return u, fmt.Errorf("%w: %w (the sources: %s mounted from the host: spec.disk.imageFilesystem; "+
+			"the agent's own root filesystem; the kubelet's stats summary)", ErrCapacityUnknown, err, mountpoint)
 	}
 	if capacity == 0 {
 		return u, fmt.Errorf("%w: statfs %s reports a size of 0", ErrCapacityUnknown, mountpoint)
@@ -136,6 +163,10 @@ func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 	u.CapacityBytes, u.AvailableBytes = capacity, avail
 	return u, nil
 }
+
+// ErrFiguresLate is wrapped by Read and Stat when a source of the figures
+// failed this time but may answer on the next look.
+var ErrFiguresLate = errors.New("the image filesystem's figures are late")
 
 // Statfs returns the capacity and the bytes available to unprivileged
 // writers of the filesystem holding path, as cAdvisor reports them to the

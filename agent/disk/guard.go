@@ -2,6 +2,8 @@ package disk
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -10,6 +12,11 @@ import (
 // DefaultWatchInterval is how often Watch looks at the filesystem while
 // pulls are in flight. A look is one statfs(2), no runtime call.
 const DefaultWatchInterval = 25 * time.Millisecond
+
+// DefaultFiguresWait is how long no pull starts while the figures are
+// late, before the run's pulls fail: longer than a kubelet's answers of
+// 500 after the node boots, shorter than fetch's wait for a slot.
+const DefaultFiguresWait = 2 * time.Minute
 
 // burstLooks is how many looks back Watch measures the bursts it keeps
 // room for: 250 ms at the default interval, long enough to hold the layers
@@ -20,9 +27,13 @@ const burstLooks = 10
 type Guard struct {
 	Reader  Reader
 	Ceiling Ceiling
-	// Interval is Watch's; DefaultWatchInterval when zero.
+	// Interval is how often Watch, and Check while the figures are late,
+	// look; DefaultWatchInterval when zero.
 	Interval time.Duration
-	Log      *slog.Logger
+	// FiguresWait is how long Check waits for late figures before it
+	// gives up on the run's pulls; DefaultFiguresWait when zero.
+	FiguresWait time.Duration
+	Log         *slog.Logger
 
 	mu         sync.Mutex
 	mountpoint string
@@ -47,16 +58,61 @@ func (g *Guard) Usage(ctx context.Context) (Usage, error) {
 	return u, err
 }
 
-// Check returns a *FullError when no pull may start. When the usage
-// cannot be read it says so once in the log and lets pulls start: the
-// runtime's own "no space left on device" still stops them.
+// Check returns a *FullError when no pull may start. While the figures
+// are late (a source failed this time: a kubelet answering 500 after the
+// node boots), no pull starts: it waits for them, at most FiguresWait,
+// then returns an error that fails the run's images (watch's next check
+// tries again). When no source can tell the figures on this node, it says
+// so once in the log and lets pulls start: the runtime's own "no space
+// left on device" still stops them.
 func (g *Guard) Check(ctx context.Context) error {
 	u, err := g.Usage(ctx)
+	if Transient(err) {
+		u, err = g.awaitFigures(ctx, err)
+	}
+	if Transient(err) {
+		return fmt.Errorf("no pull starts while the image filesystem's figures are unknown: %w", err)
+	}
 	if err != nil {
 		g.warnOnce(err)
 		return nil
 	}
 	return g.Ceiling.Check(u)
+}
+
+// Transient reports whether err, from Usage, Read or Stat, is a source
+// of the figures that failed this time and may answer at the next look.
+func Transient(err error) bool {
+	return errors.Is(err, ErrFiguresLate)
+}
+
+// awaitFigures looks again until the figures come, ctx ends, or
+// FiguresWait passes; it returns the last look.
+func (g *Guard) awaitFigures(ctx context.Context, err error) (Usage, error) {
+	wait := g.FiguresWait
+	if wait <= 0 {
+		wait = DefaultFiguresWait
+	}
+	if g.Log != nil {
+		g.Log.Info("no pull starts until the image filesystem's figures come", "maxWait", wait, "err", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	// Every Interval, as Watch: the kubelet source answers from its last
+	// reading, so a look costs no call.
+	t := time.NewTicker(g.interval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return Usage{}, err
+		case <-t.C:
+		}
+		var u Usage
+		if u, err = g.Usage(ctx); !Transient(err) {
+			return u, err
+		}
+	}
 }
 
 func (g *Guard) warnOnce(err error) {
@@ -81,39 +137,31 @@ func (g *Guard) Full(ctx context.Context, cause error) *FullError {
 // the last look's growth (a download streaming on: the time a stop takes
 // to land) and the largest growth over burstLooks looks so far (layers
 // that a stop does not cut short: CRI-O unpacks a layer to the end once it
-// started, and several pulls unpack at once). It returns at once when the
-// usage cannot be read.
+// started, and several pulls unpack at once). A look that fails does not
+// end the watch: the pulls in flight are checked again at the next look
+// that has figures. It returns at once only when no source can tell the
+// figures on this node.
 func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
-	u, err := g.Usage(ctx)
-	if err != nil {
-		g.warnOnce(err)
-		return
-	}
-	if err := g.Ceiling.Check(u); err != nil {
-		full(err.(*FullError))
-		return
-	}
-	interval := g.Interval
-	if interval <= 0 {
-		interval = DefaultWatchInterval
-	}
-	t := time.NewTicker(interval)
+	t := time.NewTicker(g.interval())
 	defer t.Stop()
-	mp := u.Mountpoint
-	recent := []uint64{u.UsedBytes()}
+	var recent []uint64
 	var burst uint64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
-		u, err := g.Reader.Stat(ctx, mp)
+		u, err := g.Usage(ctx)
 		if err != nil {
-			// Gone from under the agent (a runtime restarting with a
-			// wiped root): the next look, or the runtime, tells.
+			if !Transient(err) {
+				g.warnOnce(err)
+				return
+			}
 			if g.Log != nil {
-				g.Log.Debug("cannot read the image filesystem", "err", err)
+				g.Log.Debug("cannot read the image filesystem; the pulls in flight are checked at the next look", "err", err)
 			}
 			continue
 		}
@@ -121,6 +169,10 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 		if used >= limit {
 			full(&FullError{Usage: u, Ceiling: g.Ceiling})
 			return
+		}
+		if len(recent) == 0 {
+			recent = []uint64{used}
+			continue
 		}
 		grew := growth(recent[len(recent)-1], used)
 		if len(recent) > burstLooks {
@@ -133,6 +185,13 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 		}
 		recent = append(recent, used)
 	}
+}
+
+func (g *Guard) interval() time.Duration {
+	if g.Interval <= 0 {
+		return DefaultWatchInterval
+	}
+	return g.Interval
 }
 
 func growth(from, to uint64) uint64 {

@@ -88,3 +88,85 @@ func TestWatchKeepsRoomForTheLargestBurst(t *testing.T) {
 		t.Fatalf("stopped with %+v, want a projected stop at 65 MiB used (15 MiB of room for the burst)", got)
 	}
 }
+
+// lateSource is a kubelet that answers 500 until ready, then reports a
+// filesystem filling by step at each look.
+type lateSource struct {
+	ready         time.Time
+	used, step    atomic.Uint64
+	capacity      uint64
+	looksWhenLate atomic.Int32
+}
+
+func (l *lateSource) figures(context.Context) (uint64, uint64, error) {
+	if time.Now().Before(l.ready) {
+		l.looksWhenLate.Add(1)
+		return 0, 0, errors.New("kubelet stats: 500 Internal Server Error")
+	}
+	u := min(l.used.Add(l.step.Load()), l.capacity)
+	return l.capacity, l.capacity - u, nil
+}
+
+// Finding 2 of issue 48: a figures source failing at the start of a run
+// must never let the run pass the ceiling. Check holds pulls until the
+// figures come, then stops them at the ceiling; Watch goes on looking
+// through failed reads and stops the pulls in flight once figures return.
+// Before, Check returned nil at the first failed read and Watch returned
+// at once: the pulls then filled the disk.
+func TestLateFiguresHoldTheCeiling(t *testing.T) {
+	const late = 300 * time.Millisecond
+	tests := []struct {
+		name  string
+		watch bool
+		used  uint64 // MiB when figures come
+	}{
+		{name: "check: no pull starts until figures come, then the ceiling holds", used: 90},
+		{name: "check: figures come below the ceiling", used: 10},
+		{name: "watch: pulls in flight are checked once figures come", watch: true, used: 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := &lateSource{ready: time.Now().Add(late), capacity: 100 * mib}
+			src.used.Store(tt.used * mib)
+			if tt.watch {
+				src.step.Store(mib)
+			}
+			g := &Guard{Reader: Reader{Runtime: &countingRuntime{mp: "/images"}, Statfs: statfsOf(0, 0, fs.ErrNotExist),
+				Kubelet: src.figures}, Ceiling: Ceiling{Percent: 80}, Interval: time.Millisecond}
+			start := time.Now()
+			if tt.watch {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				var got *FullError
+				g.Watch(ctx, func(e *FullError) { got = e })
+				if got == nil || got.Usage.UsedBytes() >= 80*mib {
+					t.Fatalf("Watch stopped with %+v, want a stop below the ceiling", got)
+				}
+			} else {
+				err := g.Check(context.Background())
+				var full *FullError
+				if isFull := errors.As(err, &full); isFull != (tt.used >= 80) {
+					t.Fatalf("Check = %v, want a *FullError: %v", err, tt.used >= 80)
+				}
+			}
+			if took := time.Since(start); took < late {
+				t.Errorf("returned after %s, before the figures came (%s)", took, late)
+			}
+			if src.looksWhenLate.Load() < 2 {
+				t.Errorf("%d looks while late, want several", src.looksWhenLate.Load())
+			}
+		})
+	}
+}
+
+// Late figures that never come fail the run's pulls after FiguresWait (a
+// retry comes with watch's next check): no pull starts unguarded.
+func TestFiguresThatNeverCome(t *testing.T) {
+	src := &lateSource{ready: time.Now().Add(time.Hour), capacity: 100 * mib}
+	g := &Guard{Reader: Reader{Runtime: &countingRuntime{mp: "/images"}, Statfs: statfsOf(0, 0, fs.ErrNotExist),
+		Kubelet: src.figures}, Ceiling: Ceiling{Percent: 80}, Interval: time.Millisecond, FiguresWait: 50 * time.Millisecond}
+	err := g.Check(context.Background())
+	if err == nil || !Transient(err) || !strings.Contains(err.Error(), "500 Internal Server Error") {
+		t.Fatalf("Check = %v, want an error with the kubelet's answer", err)
+	}
+}

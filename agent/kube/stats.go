@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,11 +11,9 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -24,6 +24,14 @@ type ImageFs struct {
 	AvailableBytes uint64 `json:"availableBytes"`
 	UsedBytes      uint64 `json:"usedBytes"`
 }
+
+// ErrNoKubeletStats is wrapped by the errors that asking again will not
+// mend by itself: a serving certificate the agent cannot verify, a
+// configuration that would not verify it, a kubelet that refuses the
+// agent's token (401, 403), a port that drops packets, a summary without
+// the image filesystem. The figures are then asked again with backoff, but
+// pulls do not wait for them.
+var ErrNoKubeletStats = errors.New("no kubelet stats for the agent")
 
 // KubeletStats reads the image filesystem from the node's own kubelet,
 // GET https://<node address>:<kubelet port>/stats/summary. The kubelet
@@ -39,14 +47,6 @@ type ImageFs struct {
 type KubeletStats struct {
 	client *http.Client
 	url    string
-	// MaxAge is how long a reading is reused: the kubelet refreshes its
-	// figures every few seconds, and the disk guard looks far more often.
-	MaxAge time.Duration
-
-	mu   sync.Mutex
-	last ImageFs
-	at   time.Time
-	err  error
 }
 
 // NewKubeletStats builds a reader for the kubelet of node, reached at its
@@ -62,37 +62,22 @@ func NewKubeletStats(cfg *rest.Config, node *corev1.Node) (*KubeletStats, error)
 		port = 10250
 	}
 	if cfg.Insecure {
-		return nil, errors.New("the client configuration skips TLS verification: the token is not sent to the kubelet unverified")
+		return nil, fmt.Errorf("%w: the client configuration skips TLS verification: "+
+			"the token is not sent to the kubelet unverified", ErrNoKubeletStats)
 	}
 	c := rest.CopyConfig(cfg)
 	c.Host = "https://" + net.JoinHostPort(addr, strconv.Itoa(port))
 	c.APIPath = ""
 	c.TLSClientConfig.ServerName = ""
 	// The API server's own rate limit and QPS settings do not apply to the
-	// kubelet, and MaxAge already bounds the calls.
+	// kubelet; NodeFigures bounds the calls.
 	c.RateLimiter = nil
 	hc, err := rest.HTTPClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("kubelet HTTP client: %w", err)
 	}
 	hc.Timeout = 10 * time.Second
-	return &KubeletStats{client: hc, url: c.Host + "/stats/summary", MaxAge: 2 * time.Second}, nil
-}
-
-// KubeletStatsGetter is implemented by clients that can reach a node's
-// kubelet with their own credentials.
-type KubeletStatsGetter interface {
-	KubeletStats(ctx context.Context, node string) (*KubeletStats, error)
-}
-
-// KubeletStats reads the Node (get nodes, which the agent has) for the
-// kubelet's address and port, and builds its stats reader.
-func (c *Client) KubeletStats(ctx context.Context, node string) (*KubeletStats, error) {
-	n, err := c.Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("get node %s: %w", node, err)
-	}
-	return NewKubeletStats(c.cfg, n)
+	return &KubeletStats{client: hc, url: c.Host + "/stats/summary"}, nil
 }
 
 // nodeAddress is the node's first InternalIP: the address the kubelet's
@@ -106,31 +91,34 @@ func nodeAddress(n *corev1.Node) string {
 	return ""
 }
 
-// ImageFs returns the kubelet's figures, at most MaxAge old.
-func (k *KubeletStats) ImageFs(ctx context.Context) (ImageFs, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !k.at.IsZero() && time.Since(k.at) < k.MaxAge {
-		return k.last, k.err
-	}
-	k.last, k.err = k.read(ctx)
-	k.at = time.Now()
-	return k.last, k.err
-}
-
-func (k *KubeletStats) read(ctx context.Context) (ImageFs, error) {
+// Read makes one call to the kubelet and returns its figures.
+func (k *KubeletStats) Read(ctx context.Context) (ImageFs, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.url, nil)
 	if err != nil {
 		return ImageFs{}, err
 	}
 	resp, err := k.client.Do(req)
 	if err != nil {
+		var nerr net.Error
+		switch {
+		case unverified(err):
+			err = fmt.Errorf("%w: %w", ErrNoKubeletStats, err)
+		case errors.As(err, &nerr) && nerr.Timeout() && ctx.Err() == nil:
+			// Packets dropped: a default-deny egress policy or a host
+			// firewall, not a kubelet starting (it refuses, or answers 500).
+			err = fmt.Errorf("%w: no answer from the kubelet's port (the agent needs egress to it): %w",
+				ErrNoKubeletStats, err)
+		}
 		return ImageFs{}, fmt.Errorf("kubelet stats: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-		return ImageFs{}, fmt.Errorf("kubelet stats: %s: %s (the agent needs get on nodes/stats)", resp.Status, body)
+		err := fmt.Errorf("kubelet stats: %s: %s (the agent needs get on nodes/stats)", resp.Status, body)
+		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+			err = fmt.Errorf("%w: %w", ErrNoKubeletStats, err)
+		}
+		return ImageFs{}, err
 	}
 	var s struct {
 		Node struct {
@@ -144,7 +132,17 @@ func (k *KubeletStats) read(ctx context.Context) (ImageFs, error) {
 	}
 	fs := s.Node.Runtime.ImageFs
 	if fs == nil || fs.CapacityBytes == 0 {
-		return ImageFs{}, errors.New("kubelet stats: no image filesystem capacity in the summary")
+		return ImageFs{}, fmt.Errorf("kubelet stats: %w: no image filesystem capacity in the summary", ErrNoKubeletStats)
 	}
 	return *fs, nil
+}
+
+// unverified holds for a handshake that failed on the kubelet's
+// certificate: no request, and so no token, was sent.
+func unverified(err error) bool {
+	var verr *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &verr) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -26,20 +27,26 @@ func TestKubeletStats(t *testing.T) {
 	const summary = `{"node":{"nodeName":"n1","runtime":{"imageFs":{"capacityBytes":1000,"availableBytes":400,"usedBytes":300}}}}`
 	other := otherCA(t)
 	for _, tc := range []struct {
-		name     string
-		status   int
-		body     string
-		otherCA  bool
+		name    string
+		status  int
+		body    string
+		otherCA bool
+		// hang: the kubelet never answers within the client's timeout.
+		hang     bool
 		insecure bool
 		want     ImageFs
 		wantErr  string
+		// wantNone: asking again will not mend it (ErrNoKubeletStats).
+		wantNone bool
 		wantHits int32
 	}{
 		{name: "figures from a verified kubelet", status: 200, body: summary, want: ImageFs{CapacityBytes: 1000, AvailableBytes: 400, UsedBytes: 300}, wantHits: 1},
-		{name: "forbidden says the permission", status: 403, body: "Forbidden", wantErr: "nodes/stats", wantHits: 1},
-		{name: "no imageFs", status: 200, body: `{"node":{"runtime":{}}}`, wantErr: "no image filesystem capacity", wantHits: 1},
-		{name: "certificate not signed by the CA: no request, no token", status: 200, body: summary, otherCA: true, wantErr: "certificate", wantHits: 0},
-		{name: "insecure configuration refused", insecure: true, wantErr: "unverified"},
+		{name: "forbidden says the permission", status: 403, body: "Forbidden", wantErr: "nodes/stats", wantNone: true, wantHits: 1},
+		{name: "500 after the node boots: asked again", status: 500, body: "not ready", wantErr: "500", wantHits: 1},
+		{name: "a port that drops packets: no source", status: 200, body: summary, hang: true, wantErr: "egress", wantNone: true, wantHits: 1},
+		{name: "no imageFs", status: 200, body: `{"node":{"runtime":{}}}`, wantErr: "no image filesystem capacity", wantNone: true, wantHits: 1},
+		{name: "certificate not signed by the CA: no request, no token", status: 200, body: summary, otherCA: true, wantErr: "certificate", wantNone: true, wantHits: 0},
+		{name: "insecure configuration refused", insecure: true, wantErr: "unverified", wantNone: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var hits atomic.Int32
@@ -47,6 +54,10 @@ func TestKubeletStats(t *testing.T) {
 				hits.Add(1)
 				if r.URL.Path != "/stats/summary" || r.Header.Get("Authorization") != "Bearer tok" {
 					t.Errorf("request %s with Authorization %q", r.URL.Path, r.Header.Get("Authorization"))
+				}
+				if tc.hang {
+					<-r.Context().Done()
+					return
 				}
 				w.WriteHeader(tc.status)
 				_, _ = w.Write([]byte(tc.body))
@@ -68,8 +79,11 @@ func TestKubeletStats(t *testing.T) {
 			}
 			k, err := NewKubeletStats(cfg, node)
 			var got ImageFs
+			if err == nil && tc.hang {
+				k.client.Timeout = 100 * time.Millisecond
+			}
 			if err == nil {
-				got, err = k.ImageFs(context.Background())
+				got, err = k.Read(context.Background())
 			}
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -77,6 +91,9 @@ func TestKubeletStats(t *testing.T) {
 				}
 			} else if err != nil || got != tc.want {
 				t.Fatalf("ImageFs = %+v, %v; want %+v", got, err, tc.want)
+			}
+			if errors.Is(err, ErrNoKubeletStats) != tc.wantNone {
+				t.Errorf("errors.Is(%v, ErrNoKubeletStats) = %v, want %v", err, !tc.wantNone, tc.wantNone)
 			}
 			if h := hits.Load(); h != tc.wantHits {
 				t.Fatalf("the kubelet got %d requests, want %d", h, tc.wantHits)

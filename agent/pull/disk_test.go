@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,5 +246,59 @@ func TestUnknownCapacityPulls(t *testing.T) {
 	res := New(rt, Config{Creds: noCreds{}, Disk: g, Log: discard}).Run(context.Background(), entries("a:1"), "")
 	if !res[0].Present || !res[0].Pulled {
 		t.Errorf("%+v", res[0])
+	}
+}
+
+// Issue 48, finding 2: a figures source that fails at the start of a run
+// (a kubelet answering 500 after the node boots) must not let the run
+// pass the ceiling. No pull starts while the figures are late; once they
+// come, the pulls are watched and stopped before the ceiling. Before, the
+// first failed read let every pull start and ended the watch: the pulls
+// then filled the disk.
+func TestLateFiguresNeverPassTheCeiling(t *testing.T) {
+	fs := &memFS{capacity: 100 * mib, used: 10 * mib, chunk: mib}
+	ready := time.Now().Add(300 * time.Millisecond)
+	var lateLooks atomic.Int32
+	kubelet := func(context.Context) (uint64, uint64, error) {
+		if time.Now().Before(ready) {
+			lateLooks.Add(1)
+			return 0, 0, errors.New("kubelet stats: 500 Internal Server Error")
+		}
+		return fs.statfs("")
+	}
+	g := &disk.Guard{Reader: disk.Reader{Runtime: fs, Kubelet: kubelet,
+		Statfs: func(string) (uint64, uint64, error) { return 0, 0, errors.New("not mounted") }},
+		Ceiling: disk.Ceiling{Percent: 80}, Interval: time.Millisecond, Log: discard}
+	rt := newScriptRuntime(nil)
+	rt.release = make(chan struct{}) // never released: pulls write until stopped
+	arrived := make(chan string, 10)
+	rt.arrived = arrived
+	p := New(rt, Config{Creds: noCreds{}, Parallelism: 2, Disk: g, Log: discard})
+	done := make(chan []Result)
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	go func() { done <- p.Run(ctx, entries("a:1", "b:1", "c:1", "d:1"), "") }()
+	for range 2 {
+		<-arrived
+		if time.Now().Before(ready) {
+			t.Error("a pull started while the figures were late")
+		}
+		fs.pulling(1)
+	}
+	res := <-done
+	if ctx.Err() != nil {
+		t.Fatal("the run ended at the test's guard, not at the ceiling")
+	}
+	limit := disk.Ceiling{Percent: 80}.Limit(100 * mib)
+	if fs.max >= limit {
+		t.Errorf("the disk reached %s, at or above the ceiling of %s", disk.Bytes(fs.max), disk.Bytes(limit))
+	}
+	for _, r := range res {
+		if r.Reason != ReasonInsufficientDisk {
+			t.Errorf("%s: reason %q, want InsufficientDisk", r.Normalized, r.Reason)
+		}
+	}
+	if n := lateLooks.Load(); n < 2 {
+		t.Errorf("%d looks while the figures were late, want the guard to keep looking", n)
 	}
 }

@@ -168,11 +168,11 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	// Nodes cannot be narrowed by name here (the DaemonSet's node set is
 	// dynamic). get nodes finds the agent's kubelet; get nodes/stats reads
 	// the image filesystem's figures from it (docs/security.md), nothing
-	// else of the kubelet's. The patch is narrowed by the admission policy
+	// else of the kubelet's, unless spec.disk.kubeletStats is false. The patch is narrowed by the admission policy
 	// to the agent's own node and its own label and annotation.
-	nodeRules := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
-		{APIGroups: []string{""}, Resources: []string{"nodes/stats"}, Verbs: []string{"get"}},
+	nodeRules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}}
+	if !c.NoKubeletStats {
+		nodeRules = append(nodeRules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes/stats"}, Verbs: []string{"get"}})
 	}
 	if c.NodeLabel {
 		nodeRules[0].Verbs = []string{"get", "patch"}
@@ -315,6 +315,9 @@ func (c Config) flags(subcommand string) []string {
 		"--cri-socket=" + c.CRISocket,
 		fmt.Sprintf("--disk-ceiling-percent=%d", c.DiskCeilingPercent),
 		"--image-list-file=" + path.Join(v1alpha1.ImageListDir, v1alpha1.ImageListKey),
+	}
+	if c.NoKubeletStats {
+		f = append(f, "--kubelet-stats=false")
 	}
 	for _, s := range c.PullSecrets {
 		f = append(f, "--docker-config="+path.Join(v1alpha1.PullSecretsDir, s))

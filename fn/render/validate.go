@@ -38,14 +38,17 @@ type ConfigMapLookup func(namespace, name string) (data map[string]string, found
 // checked: what the renderer needs and nothing else. Its JSON form is what
 // the pod-template hash covers, so it must hold only normalized values.
 type Config struct {
-	Name               string                       `json:"name"`
-	Namespace          string                       `json:"namespace"`
-	Images             []string                     `json:"images"`
-	Flavor             v1alpha1.Flavor              `json:"flavor"`
-	Runtime            v1alpha1.Runtime             `json:"runtime"`
-	CRISocket          string                       `json:"criSocket"`
-	DiskCeilingPercent int32                        `json:"diskCeilingPercent"`
-	ImageFilesystem    string                       `json:"imageFilesystem"`
+	Name               string           `json:"name"`
+	Namespace          string           `json:"namespace"`
+	Images             []string         `json:"images"`
+	Flavor             v1alpha1.Flavor  `json:"flavor"`
+	Runtime            v1alpha1.Runtime `json:"runtime"`
+	CRISocket          string           `json:"criSocket"`
+	DiskCeilingPercent int32            `json:"diskCeilingPercent"`
+	ImageFilesystem    string           `json:"imageFilesystem"`
+	// NoKubeletStats: spec.disk.kubeletStats false (omitted when false,
+	// so that the default leaves the config hash as it was).
+	NoKubeletStats     bool                         `json:"noKubeletStats,omitempty"`
 	AgentImage         string                       `json:"agentImage"`
 	Resources          corev1.ResourceRequirements  `json:"resources"`
 	PullSecrets        []string                     `json:"pullSecrets,omitempty"`
@@ -450,6 +453,7 @@ func hostFilePath(p string) string {
 func (c *Config) checkDisk(d v1alpha1.Disk) Problems {
 	var p Problems
 	c.DiskCeilingPercent = v1alpha1.DefaultDiskCeilingPercent
+	c.NoKubeletStats = d.KubeletStats != nil && !*d.KubeletStats
 	if d.CeilingPercent != nil {
 		c.DiskCeilingPercent = *d.CeilingPercent
 		if c.DiskCeilingPercent < 1 || c.DiskCeilingPercent > 100 {

@@ -38,8 +38,8 @@ func TestMain(m *testing.M) {
 		Nodes:            1,
 		NodeRuntime:      func(int) cluster.Runtime { return cluster.CRIO },
 		ShortNameAliases: map[string]string{"app": cluster.RegistryAddr + "/aliased/app"},
-		// The agent reads the image filesystem from the kubelet (disk_test.go).
-		KubeletAuth: true,
+		// The kubelet serves a self-signed certificate, as kubeadm's does: the
+		// agent reads the image filesystem from its own root (disk_test.go).
 	}, &c))
 }
 

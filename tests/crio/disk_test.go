@@ -8,12 +8,15 @@ import (
 )
 
 // With the default rendering (no spec.disk.imageFilesystem, nothing of the
-// node mounted), the agent on CRI-O knows the image filesystem's figures,
-// the kubelet's own, and its ceiling holds pulls back: at 1%, below what
-// the node's disk already holds, no pull starts.
+// node mounted) and a kubelet serving a self-signed certificate (kubeadm's
+// default, which the agent sends no token to), the agent on CRI-O knows
+// the image filesystem's figures, the kubelet's own, from its own root
+// filesystem (issue 48), and its ceiling holds pulls back: at 1%, below
+// what the node's disk already holds, no pull starts. spec.disk.kubeletStats
+// is false: the agent has no nodes/stats grant and never calls the kubelet.
 func TestCRIODiskFiguresAndCeiling(t *testing.T) {
 	refs := images(t, 720, "crio-disk")
-	deploy(t, "crio-disk", list(refs...)+"  disk:\n    ceilingPercent: 1\n")
+	deploy(t, "crio-disk", list(refs...)+"  disk:\n    ceilingPercent: 1\n    kubeletStats: false\n")
 	s := waitLabel(t, "crio-disk", "failed", 3*time.Minute)
 	if len(s.Failed) != 1 || s.Failed[0].Reason != "InsufficientDisk" {
 		t.Errorf("failures %+v, want %s refused for InsufficientDisk", s.Failed, refs[0])
@@ -21,16 +24,24 @@ func TestCRIODiskFiguresAndCeiling(t *testing.T) {
 	if present(t, refs[0]) {
 		t.Errorf("%s was pulled above the ceiling", refs[0])
 	}
-	kubelet := kubeletImageFsCapacity(t)
+	kubelet, kubeletAvail := kubeletImageFs(t)
 	if d := s.Disk; d == nil || d.Unknown != "" || d.CapacityBytes != kubelet || d.CeilingPercent != 1 {
 		t.Errorf("annotation's disk %+v, want the kubelet's capacity of %d bytes and the ceiling of 1%%", d, kubelet)
+	}
+	// Used as the kubelet counts it, within what the host's other writers
+	// change between the two readings (the store is on the host's disk).
+	if d := s.Disk; d != nil && absDiff(d.UsedBytes, kubelet-kubeletAvail) > kubelet/50 {
+		t.Errorf("annotation's used bytes %d, the kubelet's %d: more than 2%% of the capacity apart", d.UsedBytes, kubelet-kubeletAvail)
 	}
 	t.Logf("disk %+v; %s", s.Disk, s.Failed[0].Message)
 }
 
-// kubeletImageFsCapacity reads the kubelet's image filesystem capacity
-// from its stats summary, as the admin, through the apiserver.
-func kubeletImageFsCapacity(t *testing.T) uint64 {
+func absDiff(a, b uint64) uint64 { return max(a, b) - min(a, b) }
+
+// kubeletImageFs reads the kubelet's image filesystem capacity and
+// available bytes from its stats summary, as the admin, through the
+// apiserver.
+func kubeletImageFs(t *testing.T) (capacity, available uint64) {
 	t.Helper()
 	cs, err := c.Clientset()
 	if err != nil {
@@ -46,7 +57,8 @@ func kubeletImageFsCapacity(t *testing.T) uint64 {
 		Node struct {
 			Runtime struct {
 				ImageFs struct {
-					CapacityBytes uint64 `json:"capacityBytes"`
+					CapacityBytes  uint64 `json:"capacityBytes"`
+					AvailableBytes uint64 `json:"availableBytes"`
 				} `json:"imageFs"`
 			} `json:"runtime"`
 		} `json:"node"`
@@ -54,5 +66,6 @@ func kubeletImageFsCapacity(t *testing.T) uint64 {
 	if err := json.Unmarshal(raw, &summary); err != nil {
 		t.Fatal(err)
 	}
-	return summary.Node.Runtime.ImageFs.CapacityBytes
+	fs := summary.Node.Runtime.ImageFs
+	return fs.CapacityBytes, fs.AvailableBytes
 }

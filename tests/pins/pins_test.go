@@ -29,7 +29,8 @@ import (
 //
 // The function's default rendering (no spec.disk, no spec.pin): the pin
 // budget is a share of the image filesystem, whose capacity the agent
-// reads from the kubelet's stats summary; nothing of the node is mounted.
+// reads from its own root filesystem (the kubelet's certificate is
+// self-signed, as on kubeadm: issue 48); nothing of the node is mounted.
 // Two GC passes, each removing an unlisted image, leave the set pinned.
 func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	rt := node(t)
@@ -52,6 +53,9 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 	budget := capacity / 100 * 25
 	if p := s.Pins; p.Bytes < 2*(4<<20) || p.BudgetBytes != budget || len(p.NotPinned) != 0 || p.Unsupported != "" || p.Error != "" {
 		t.Errorf("pins %+v: want all %d images, at least their 8 MiB of layers, within the default budget of %d bytes (25%% of the %d-byte image filesystem)", p, len(refs), budget, capacity)
+	}
+	if d := s.Disk; d == nil || d.Unknown != "" || d.CapacityBytes != capacity || d.CeilingPercent != 80 {
+		t.Errorf("annotation's disk %+v, want the node's %d-byte image filesystem and the ceiling of 80%%", d, capacity)
 	}
 	statusShowsBudget(ctx, t, "gc", budget)
 	for _, r := range refs {
@@ -149,7 +153,7 @@ func TestPrefetchedImagesSurviveImageGC(t *testing.T) {
 }
 
 // statusShowsBudget asserts that status shows the budget the node's agent
-// computed, in bytes (-o json) and in the table.
+// computed, in bytes (-o json) and in the table, and the disk's figures.
 func statusShowsBudget(ctx context.Context, t *testing.T, instance string, budget uint64) {
 	t.Helper()
 	out, err := c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "-o", "json", "--kubeconfig", c.Kubeconfig, "--instance", instance).Output()
@@ -165,8 +169,8 @@ func statusShowsBudget(ctx context.Context, t *testing.T, instance string, budge
 		t.Errorf("status -o json does not show the budget of %d bytes:\n%s", budget, out)
 	}
 	out, err = c.Command(ctx, cluster.BinPath("image-prefetcher"), "status", "--kubeconfig", c.Kubeconfig, "--instance", instance).CombinedOutput()
-	if want := " of " + disk.Bytes(budget); err != nil || !strings.Contains(string(out), want) {
-		t.Errorf("status (%v) does not show %q:\n%s", err, want, out)
+	if want := " of " + disk.Bytes(budget); err != nil || !strings.Contains(string(out), want) || !strings.Contains(string(out), "(ceiling 80%)") {
+		t.Errorf("status (%v) does not show %q and the disk against its ceiling:\n%s", err, want, out)
 	}
 	t.Logf("status:\n%s", out)
 }

@@ -83,9 +83,15 @@ type Disk struct {
 	// ImageFilesystem is the host directory where the runtime keeps its
 	// images (the mountpoint its ImageFsInfo reports), or a directory
 	// above it; when set, it is mounted read-only, at the same path, and
-	// statfs of it is read before the kubelet's stats summary. Unset (the
-	// default), nothing is mounted.
+	// statfs of it is the first source of the figures. Unset (the
+	// default), nothing is mounted: the agent's own root filesystem, which
+	// the runtime keeps there, tells them.
 	ImageFilesystem string `json:"imageFilesystem,omitempty"`
+	// KubeletStats lets the agent read the figures from its node's
+	// kubelet (GET /stats/summary), the last source after the mount and
+	// its own root filesystem. Default true. false drops the cluster-wide
+	// get nodes/stats grant (docs/security.md says what it exposes).
+	KubeletStats *bool `json:"kubeletStats,omitempty"`
 }
 
 // DefaultDiskCeilingPercent is spec.disk.ceilingPercent when unset: the
