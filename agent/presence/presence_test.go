@@ -163,6 +163,7 @@ func TestLook(t *testing.T) {
 				}
 			}}
 			w.Watch([]Image{a, b})
+			w.trigger() // as a subscription does: a look at the whole set
 			tt.change(rt)
 			if err := w.look(context.Background()); (err != nil) != tt.wantErr {
 				t.Errorf("look: %v, want an error %v", err, tt.wantErr)
@@ -178,6 +179,7 @@ func TestLook(t *testing.T) {
 			}
 			// What was reported is not reported again.
 			got = nil
+			w.trigger()
 			_ = w.look(context.Background())
 			if len(got) != 0 {
 				t.Errorf("reported again: %v", got)
@@ -207,7 +209,7 @@ type events struct {
 	mu         sync.Mutex
 }
 
-func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func()) error {
+func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(string)) error {
 	e.mu.Lock()
 	e.subscribes++
 	e.mu.Unlock()
@@ -224,8 +226,8 @@ func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), delet
 			return ctx.Err()
 		case err := <-e.fail:
 			return err
-		case <-e.names:
-			deleted()
+		case name := <-e.names:
+			deleted(name)
 		}
 	}
 }
