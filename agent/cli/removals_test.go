@@ -138,7 +138,11 @@ func TestRemovalsStopFightingTheGC(t *testing.T) {
 // newRemovals is an agent labeling the fake node, with its removals
 // tracker; ctx ends with the test.
 func newRemovals(t *testing.T) (*env, *agent, *removals, context.Context) {
-	e := newEnv(t)
+	return newRemovalsOn(t, newEnv(t))
+}
+
+// newRemovalsOn is newRemovals on e's node: another pod of the agent.
+func newRemovalsOn(t *testing.T, e *env) (*env, *agent, *removals, context.Context) {
 	owner := label.NewOwner(testNamespace, testInstance)
 	log := slog.New(slog.DiscardHandler)
 	a := &agent{log: log, events: &events.Recorder{Log: log},
