@@ -164,8 +164,8 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 	}
 	budget, err := p.Budget(ctx)
 	if err != nil {
-		p.log().Warn("not pinning: the pin budget is unknown; the pins stay as they were", "err", err)
-		return &label.Pins{Error: fmt.Sprintf("the pin budget is unknown: %v", err)}
+		p.log().Warn("not pinning new images: the pin budget is unknown; the list's pins stay as they were", "err", err)
+		return p.keepListed(ctx, results, fmt.Sprintf("the pin budget is unknown: %v", err))
 	}
 	all, marked, others, err := p.nodePins(ctx)
 	if err != nil {
@@ -265,6 +265,45 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 				return out
 			}
 			return p.unsupported(ctx, err.Error())
+		}
+	}
+	return out
+}
+
+// keepListed is a pass that pins nothing new, when the budget is unknown:
+// this instance's pins on images that left the list are removed, since
+// nothing else would ever free them for the kubelet's image GC, and what
+// stays pinned is reported.
+func (p *Pinner) keepListed(ctx context.Context, results []pull.Result, why string) *label.Pins {
+	out := &label.Pins{Error: why}
+	marked, err := p.marked(ctx)
+	if err != nil {
+		if errors.Is(err, ErrUnsupported) {
+			return p.unsupported(ctx, fmt.Sprintf("the runtime serves no containerd images API (%v)", err))
+		}
+		out.Error = fmt.Sprintf("%s; listing the node's pins failed: %v", why, err)
+		return out
+	}
+	listed := map[string]bool{}
+	for _, r := range results {
+		if r.Ref != "" {
+			listed[recordName(r.Normalized)] = true
+		}
+	}
+	counted := map[string]bool{}
+	for name, rec := range marked {
+		if !listed[name] {
+			if err := p.unpin(ctx, rec); err != nil {
+				p.log().Warn("removing a pin failed; retrying at the next check", "record", name, "err", err)
+				continue
+			}
+			p.log().Info("unpinned an image that left the list", "record", name)
+			continue
+		}
+		out.Images++
+		if sz, err := p.sizeOf(ctx, rec); err == nil && !counted[sz.id] {
+			out.Bytes += sz.bytes
+			counted[sz.id] = true
 		}
 	}
 	return out

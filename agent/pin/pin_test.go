@@ -461,3 +461,25 @@ func TestUnpinAllManyWithinDeadline(t *testing.T) {
 		t.Errorf("%d of 150 records still carry the mark or the pin", left)
 	}
 }
+
+// Issue 48, finding 5: with the budget unknown, nothing new is pinned, but
+// this instance's pins on images that left the list go (nothing else would
+// free them for the kubelet's GC), and the annotation counts what stays.
+// Before, Sync returned before its unpin pass and reported 0 images.
+func TestSyncUnknownBudgetStillUnpins(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 100, 200, refA)
+	s.add("dB", 10, 10, refB)
+	s.add("dC", 40, 60, refC)
+	p := newPinner(s, "ns", "one", 1000)
+	p.Sync(ctx, []pull.Result{present(refA), present(refB)})
+	p.Budget = func(context.Context) (uint64, error) { return 0, errors.New("no node figures") }
+	got := p.Sync(ctx, []pull.Result{present(refA), present(refC)})
+	if pinned := strings.Join(pinnedNames(s), ","); pinned != refA {
+		t.Errorf("pinned %s, want %s only: b left the list, c is new", pinned, refA)
+	}
+	if got.Error == "" || got.Images != 1 || got.Bytes != 300 {
+		t.Errorf("Sync = %+v, want an error, 1 image of 300 bytes pinned", got)
+	}
+}
