@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,7 +65,12 @@ func (r *removals) removed(imgs []presence.Image) {
 	for _, img := range imgs {
 		r.gone[img.Name] = now
 		// A runtime wiped while down is a one-off, not the kubelet's GC.
-		if img.AfterRestart || !a.guard.Removed(img.Name, now) {
+		if img.AfterRestart {
+			a.guard.Wiped(img.Name)
+			a.log.Warn("an image left the node; pulling it again", "image", img.Name)
+			continue
+		}
+		if !a.guard.Removed(img.Name, now) {
 			a.log.Warn("an image left the node; pulling it again", "image", img.Name)
 			continue
 		}
@@ -96,13 +102,19 @@ func (r *removals) checked(ctx context.Context, results []pull.Result, start tim
 	a.labelMu.Lock()
 	defer a.labelMu.Unlock()
 	r.last, r.pins = results, pins
-	a.gcSeen(results)
 	r.countHeld(time.Now())
 	for name, at := range r.gone {
 		if at.Before(start) {
 			delete(r.gone, name)
 		}
 	}
+	// An image reported gone after the check looked at it is not seen:
+	// the repair's check, finding it missing, would count its removal
+	// again.
+	a.gcSeen(slices.DeleteFunc(slices.Clone(results), func(res pull.Result) bool {
+		_, gone := r.gone[res.Normalized]
+		return gone && !res.Pulled
+	}))
 	var set []presence.Image
 	for _, res := range results {
 		if _, gone := r.gone[res.Normalized]; res.Present && !gone {

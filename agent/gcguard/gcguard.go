@@ -121,6 +121,15 @@ func (g *Guard) count(h *history, at time.Time) {
 	}
 }
 
+// Wiped records that name left the node in a one-off (a runtime wiped
+// while down): no removal counts, and a check that finds it missing
+// counts none either.
+func (g *Guard) Wiped(name string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.get(name).present = false
+}
+
 // Seen records that name is on the node: its next removal counts.
 func (g *Guard) Seen(name string) {
 	g.mu.Lock()

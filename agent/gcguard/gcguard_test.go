@@ -10,7 +10,7 @@ func TestGuard(t *testing.T) {
 	const img = "docker.io/library/app:1"
 	type step struct {
 		at time.Duration // after t0
-		// "removed" (the watcher), "missing" (a check), "seen", "pulled",
+		// "removed" (the watcher), "missing" (a check), "seen", "wiped", "pulled",
 		// "held?", or "restart" (a new pod, from the annotation's records).
 		do      string
 		want    bool          // Removed's, Missing's or Held's answer
@@ -48,6 +48,10 @@ func TestGuard(t *testing.T) {
 			{5 * time.Minute, "missing", true, 0}, {5 * time.Minute, "removed", true, 0},
 			{6 * time.Minute, "held?", true, 65 * time.Minute},
 		}},
+		{"a wipe is a one-off, even when a check finds it missing", []step{
+			{0, "removed", false, 0}, {time.Second, "pulled", false, 0},
+			{time.Minute, "wiped", false, 0}, {time.Minute, "missing", false, 0},
+		}},
 		{"an image never seen present is no removal when missing", []step{
 			{0, "missing", false, 0}, {0, "pulled", false, 0}, {time.Minute, "removed", false, 0},
 		}},
@@ -84,6 +88,8 @@ func TestGuard(t *testing.T) {
 					}
 				case "seen":
 					g.Seen(img)
+				case "wiped":
+					g.Wiped(img)
 				case "restart":
 					recs := g.Records()
 					g = &Guard{}
