@@ -49,9 +49,16 @@ func TestOneBudgetAtOnce(t *testing.T) {
 		return out
 	}
 	oneList, twoList := results(refs[0], refs[1]), results(refs[2], refs[3])
+	// The images go with the test: the GC tests that follow count what
+	// the kubelet removes.
 	defer func() {
 		for _, p := range []*pin.Pinner{one, two} {
 			if _, err := p.UnpinAll(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}
+		for _, r := range refs {
+			if err := rt.n.Remove(context.Background(), r); err != nil {
 				t.Error(err)
 			}
 		}
