@@ -204,3 +204,42 @@ func TestUnwatchedDeletionCostsNoLook(t *testing.T) {
 		t.Errorf("%d ImageStatus calls for the deletion of a watched image, want 1", after-before)
 	}
 }
+
+// A late look after a deletion event that runs while the event stream is
+// broken (the runtime restarting, wiped) reports what it finds gone as
+// gone with the restart, not as a removal by the kubelet's GC. Before, it
+// was reported as one, and held back as one the GC keeps removing
+// (tests/runtimes TestRemovalNoticed, the wipe).
+func TestLateLookWhileTheStreamIsDown(t *testing.T) {
+	rt := newRuntime()
+	subscribed := make(chan struct{}, 10)
+	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
+	g := make(gone, 10)
+	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
+	w.Watch([]Image{a})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-subscribed
+	waitStatuses(t, rt, 2)
+	ev.names <- b.Name // a deletion of another image: no look at a
+	ev.names <- a.Name // a deletion event for a that the CRI plugin has not handled
+	ev.fail <- errors.New("transport is closing")
+	rt.set(a.Ref, "") // the runtime comes back wiped; not subscribed yet
+	select {
+	case imgs := <-g:
+		if len(imgs) != 1 || imgs[0].Name != a.Name || !imgs[0].AfterRestart {
+			t.Errorf("gone %+v, want a, gone with the restart", imgs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a not reported")
+	}
+	close(ev.gate)
+}

@@ -331,6 +331,13 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		if time.Since(start) > maxWait {
 			wait = time.Second
 		}
+		// The runtime went away (a restart, perhaps after a wipe): what a
+		// look finds gone from now on, until one after the stream is back
+		// succeeds, went with it, not with the kubelet's image GC. A late
+		// look after an earlier deletion event runs meanwhile.
+		w.mu.Lock()
+		w.restarted = true
+		w.mu.Unlock()
 		w.Log.Warn("the runtime's image event stream broke; subscribing again", "retryIn", wait, "err", err)
 		t := time.NewTimer(wait)
 		select {

@@ -206,13 +206,24 @@ type events struct {
 	unsupported bool
 	// subscribed, when set, gets a token after each subscription.
 	subscribed chan struct{}
-	mu         sync.Mutex
+	// gate, when set, holds each subscription after the first until it
+	// gets a token: a runtime still restarting.
+	gate chan struct{}
+	mu   sync.Mutex
 }
 
 func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(string)) error {
 	e.mu.Lock()
 	e.subscribes++
+	again := e.subscribes > 1
 	e.mu.Unlock()
+	if again && e.gate != nil {
+		select {
+		case <-e.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if e.unsupported {
 		return fmt.Errorf("%w: unknown service", cri.ErrNoEvents)
 	}
