@@ -17,6 +17,7 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/events"
+	"github.com/image-prefetcher/image-prefetcher/agent/gcguard"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/metrics"
@@ -184,6 +185,9 @@ type agent struct {
 	disk *disk.Guard
 	// removals notices images leaving the node between watch's checks.
 	removals *removals
+	// guard holds back the re-download of an image the node's image GC
+	// keeps removing (gchold.go).
+	guard gcguard.Guard
 	// taint is nil unless --startup-taint is set.
 	taint *taint.Remover
 	// pinner is nil when nothing is pinned (agent/cli/pin.go).
@@ -298,7 +302,9 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	if f.labelNode {
 		owner := label.AgentOwner(f.namespace, f.instance, pod)
 		a.labeler = &label.Labeler{Nodes: client.Nodes(), Node: f.nodeName, Key: label.Key(f.labelDomain, f.instance), Owner: &owner, Log: log, RetryFor: f.labelRetryFor, Sleep: deps.LabelSleep,
-			Pod: deps.Getenv("POD_UID"), List: a.digest, Credentials: len(f.dockerConfigs) > 0 || f.providerConfig != ""}
+			Pod: deps.Getenv("POD_UID"), List: a.digest, Credentials: len(f.dockerConfigs) > 0 || f.providerConfig != "",
+			Removals: a.gcRemovals}
+		a.restoreGC(ctx)
 	}
 
 	gate, err := deps.NewGate(ctx, GateConfig{Kube: client, Namespace: ns, Pod: pod, Node: f.nodeName, Instance: f.instance,
@@ -366,11 +372,6 @@ func (a *agent) init(ctx context.Context, args []string) error {
 	a.initPins(runtimeName, version, imageFsCapacity(a.disk.Reader))
 	return nil
 }
-
-// holdGC is the puller's Hold: watch holds back the re-download of an
-// image the node's image GC keeps removing (removals.hold); fetch, which
-// runs once, holds nothing.
-func (a *agent) holdGC(r *pull.Result) bool { return a.removals != nil && a.removals.hold(r) }
 
 // statusBound bounds each ImageStatus call. ImageStatus only reads the
 // runtime's metadata, so a call that takes long means a runtime that is

@@ -91,6 +91,7 @@ func newFetch(deps *Deps) *cobra.Command {
 				a.settleIfTerminated(ctx)
 				return &ExitCodeError{Code: ExitError, Err: errSilent}
 			}
+			a.gcSeen(results)
 			s := pull.Summarize(results, time.Since(start))
 			pins, waitPins := a.pinBehind(ctx, results)
 			defer waitPins()

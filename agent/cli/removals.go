@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,9 +32,6 @@ type removals struct {
 	last []pull.Result
 	pins *label.Pins
 	gone map[string]time.Time
-	// guard holds back the re-download of an image the node's image GC
-	// keeps removing.
-	guard gcguard.Guard
 }
 
 // watchRemovals starts watching the images each check finds present,
@@ -67,11 +65,16 @@ func (r *removals) removed(imgs []presence.Image) {
 	for _, img := range imgs {
 		r.gone[img.Name] = now
 		// A runtime wiped while down is a one-off, not the kubelet's GC.
-		if img.AfterRestart || !r.guard.Removed(img.Name, now) {
+		if img.AfterRestart {
+			a.guard.Wiped(img.Name)
 			a.log.Warn("an image left the node; pulling it again", "image", img.Name)
 			continue
 		}
-		h, _ := r.guard.Held(img.Name, now)
+		if !a.guard.Removed(img.Name, now) {
+			a.log.Warn("an image left the node; pulling it again", "image", img.Name)
+			continue
+		}
+		h, _ := a.guard.Held(img.Name, now)
 		msg := gcMessage(h)
 		a.log.Warn("the node's image GC removed an image again after it was pulled back; not downloading it again for now", "image", img.Name, "until", h.Until)
 		a.events.Emit(r.ctx, corev1.EventTypeWarning, pull.ReasonRemovedByGC, img.Name+": "+msg)
@@ -99,17 +102,19 @@ func (r *removals) checked(ctx context.Context, results []pull.Result, start tim
 	a.labelMu.Lock()
 	defer a.labelMu.Unlock()
 	r.last, r.pins = results, pins
-	for _, res := range results {
-		if res.Pulled {
-			r.guard.Pulled(res.Normalized)
-		}
-	}
 	r.countHeld(time.Now())
 	for name, at := range r.gone {
 		if at.Before(start) {
 			delete(r.gone, name)
 		}
 	}
+	// An image reported gone after the check looked at it is not seen:
+	// the repair's check, finding it missing, would count its removal
+	// again.
+	a.gcSeen(slices.DeleteFunc(slices.Clone(results), func(res pull.Result) bool {
+		_, gone := r.gone[res.Normalized]
+		return gone && !res.Pulled
+	}))
 	var set []presence.Image
 	for _, res := range results {
 		if _, gone := r.gone[res.Normalized]; res.Present && !gone {
@@ -137,7 +142,7 @@ func (r *removals) summary() label.Summary {
 		}
 		rs[i].Present, rs[i].Reason = false, pull.ReasonRemoved
 		rs[i].Message = fmt.Sprintf("left the node at %s (image GC, crictl rmi or a runtime wipe); being pulled again", at.UTC().Format(time.RFC3339))
-		if h, held := r.guard.Held(rs[i].Normalized, now); held {
+		if h, held := r.a.guard.Held(rs[i].Normalized, now); held {
 			rs[i].Reason, rs[i].Message = pull.ReasonRemovedByGC, gcMessage(h)
 		}
 	}
@@ -145,16 +150,6 @@ func (r *removals) summary() label.Summary {
 	s.SetPins(r.pins)
 	s.Disk = r.a.diskState(r.ctx)
 	return s
-}
-
-// hold is the puller's Hold: an image the node's image GC keeps removing
-// is not pulled while its hold lasts, the periodic check included.
-func (r *removals) hold(res *pull.Result) bool {
-	h, held := r.guard.Held(res.Normalized, time.Now())
-	if held {
-		res.Reason, res.Message = pull.ReasonRemovedByGC, gcMessage(h)
-	}
-	return held
 }
 
 // gcMessage says why an image is not downloaded again, and what would
@@ -168,6 +163,6 @@ func gcMessage(h gcguard.Hold) string {
 // countHeld sets the metric of the images held back.
 func (r *removals) countHeld(now time.Time) {
 	if r.a.metrics != nil {
-		r.a.metrics.HeldByGC.Set(float64(r.guard.HeldCount(now)))
+		r.a.metrics.HeldByGC.Set(float64(r.a.guard.HeldCount(now)))
 	}
 }

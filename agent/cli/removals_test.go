@@ -101,11 +101,21 @@ func TestRemovalsStopFightingTheGC(t *testing.T) {
 		return s.Failed[0].Reason
 	}
 
-	r.checked(ctx, result(true, false), time.Now(), nil)
+	before := time.Now()
+	r.checked(ctx, result(true, false), before, nil)
 	// GC pass 1: a removal, repaired once.
 	r.removed([]presence.Image{{Name: app}})
 	if got := reason(); got != pull.ReasonRemoved {
 		t.Fatalf("first removal: %q, want Removed", got)
+	}
+	// A check that looked before the removal does not make the repair's
+	// check count it a second time.
+	r.checked(ctx, result(true, false), before, nil)
+	if missing := (pull.Result{Normalized: app}); a.holdGC(&missing) {
+		t.Fatal("the repair's check held app:1 back after one removal")
+	}
+	if recs := a.guard.Records(); len(recs) != 1 || recs[0].Removals != 1 {
+		t.Errorf("history %+v, want one removal of app:1", recs)
 	}
 	r.checked(ctx, result(true, true), time.Now(), nil)
 	if got := reason(); got != "" {
@@ -115,6 +125,10 @@ func TestRemovalsStopFightingTheGC(t *testing.T) {
 	r.removed([]presence.Image{{Name: app, AfterRestart: true}})
 	if got := reason(); got != pull.ReasonRemoved {
 		t.Fatalf("wipe: %q, want Removed", got)
+	}
+	// The repair's check finds it missing: still a one-off.
+	if missing := (pull.Result{Normalized: app}); a.holdGC(&missing) {
+		t.Fatal("the repair's check held app:1 back after a wipe")
 	}
 	r.checked(ctx, result(true, true), time.Now(), nil)
 	// GC pass 2: removed again after the re-pull; held back.
@@ -138,7 +152,11 @@ func TestRemovalsStopFightingTheGC(t *testing.T) {
 // newRemovals is an agent labeling the fake node, with its removals
 // tracker; ctx ends with the test.
 func newRemovals(t *testing.T) (*env, *agent, *removals, context.Context) {
-	e := newEnv(t)
+	return newRemovalsOn(t, newEnv(t))
+}
+
+// newRemovalsOn is newRemovals on e's node: another pod of the agent.
+func newRemovalsOn(t *testing.T, e *env) (*env, *agent, *removals, context.Context) {
 	owner := label.NewOwner(testNamespace, testInstance)
 	log := slog.New(slog.DiscardHandler)
 	a := &agent{log: log, events: &events.Recorder{Log: log},

@@ -34,6 +34,10 @@ func pinCell(s *label.Summary) string {
 		// Nothing was counted (the budget is unknown, say): no figures.
 		return "none: " + shortCause(p.Error)
 	}
+	if p.Error != "" && p.BudgetBytes == 0 {
+		// The budget is unknown; the pins kept are counted.
+		return fmt.Sprintf("%d, %s, error: %s", p.Images, disk.Bytes(p.Bytes), shortCause(p.Error))
+	}
 	cell := fmt.Sprintf("%d, %s of %s", p.Images, disk.Bytes(p.Bytes), disk.Bytes(p.BudgetBytes))
 	if n := len(p.NotPinned) + p.OmittedNotPinned; n > 0 {
 		cell += fmt.Sprintf(", %d not pinned", n)

@@ -65,6 +65,8 @@ func TestPinCell(t *testing.T) {
 		{"within the budget", &label.Pins{Images: 3, Bytes: 3 << 20, BudgetBytes: 48 << 20}, "3, 3.0 MiB of 48.0 MiB"},
 		{"over the budget", &label.Pins{Images: 1, Bytes: 1 << 20, BudgetBytes: 2 << 20, NotPinned: []label.Failure{{Image: "b", Reason: "OverBudget"}}}, "1, 1.0 MiB of 2.0 MiB, 1 not pinned (OverBudget)"},
 		{"budget unknown", &label.Pins{Error: "the pin budget is unknown: no mount"}, "none: the pin budget is unknown: no mount"},
+		{"budget unknown, pins kept", &label.Pins{Images: 2, Bytes: 3 << 20, Error: "the pin budget is unknown: no mount"},
+			"2, 3.0 MiB, error: the pin budget is unknown: no mount"},
 		{"a long cause: its first clause", &label.Pins{Error: "the pin budget is unknown: 25% of the image filesystem: image filesystem capacity unknown: kubelet stats: Get \"https://10.0.0.1:10250/stats/summary\": tls: failed to verify certificate: x509: certificate signed by unknown authority"}, "none: the pin budget is unknown"},
 		{"error after counting", &label.Pins{Images: 1, Bytes: 1 << 20, BudgetBytes: 2 << 20, Error: "pin b: deadline"}, "1, 1.0 MiB of 2.0 MiB, error: pin b: deadline"},
 	} {

@@ -78,15 +78,18 @@ func TestWatchRepullsRemovedImagesAndKeepsLabelTruthful(t *testing.T) {
 	}
 	waitFor(t, "label re-applied", e.labelIs("succeeded"))
 
-	// Removed and no longer pullable: failed, with the reason.
-	e.cri.SetBehavior(ref, func(context.Context, int, *runtimeapi.PullImageRequest) error { return fakecri.NotFound(ref) })
-	e.cri.DeleteImage(ref)
+	// Removed and no longer pullable: failed, with the reason. The other
+	// image: app:1 removed a second time after its re-pull would be held
+	// back as one the node's GC keeps removing (RemovedByGC).
+	other := "quay.io/x/other:2"
+	e.cri.SetBehavior(other, func(context.Context, int, *runtimeapi.PullImageRequest) error { return fakecri.NotFound(other) })
+	e.cri.DeleteImage(other)
 	// Removed first, then NotFound once the repair has tried to pull it.
 	waitFor(t, "label failed with the image NotFound", e.summaryIs(func(v string, s label.Summary) bool {
 		return v == "failed" && len(s.Failed) == 1 && s.Failed[0].Reason == pull.ReasonNotFound && s.Present == 1
 	}))
 	// Pullable again: succeeded again.
-	e.cri.SetBehavior(ref, nil)
+	e.cri.SetBehavior(other, nil)
 	waitFor(t, "label succeeded again", e.labelIs("succeeded"))
 
 	if code := e.sigterm(done); code != 0 {

@@ -7,9 +7,11 @@ import (
 	"io"
 
 	eventsapi "github.com/containerd/containerd/api/services/events/v1"
+	"github.com/containerd/containerd/api/types"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/ingest"
 )
@@ -24,12 +26,12 @@ const imageDeleteFilter = `topic=="/images/delete",namespace=="` + ingest.Namesp
 
 // WatchImageDeletes follows containerd's event stream on the CRI socket
 // and calls deleted for each image record deleted in the CRI's namespace
-// (a tag, a digest reference or the image ID), until ctx ends or the
-// stream breaks; it returns why. subscribed is called once the request is
-// sent: a deletion before it is not reported. Which record went is not
-// passed on: a deletion is only a reason to ask ImageStatus, which
-// decides (agent/presence).
-func (c *Client) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func()) error {
+// (a tag, a digest reference or the image ID), with the record's name,
+// until ctx ends or the stream breaks; it returns why. subscribed is
+// called once the request is sent: a deletion before it is not reported.
+// The name only says which images to ask ImageStatus about, which decides
+// (agent/presence); it is "" when the event cannot be read.
+func (c *Client) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(name string)) error {
 	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "containerd-namespace", ingest.Namespace))
 	defer cancel()
 	stream, err := eventsapi.NewEventsClient(c.conn).Subscribe(ctx, &eventsapi.SubscribeRequest{Filters: []string{imageDeleteFilter}})
@@ -38,14 +40,42 @@ func (c *Client) WatchImageDeletes(ctx context.Context, subscribed func(), delet
 	}
 	subscribed()
 	for {
-		if _, err := stream.Recv(); err != nil {
+		env, err := stream.Recv()
+		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return fmt.Errorf("containerd events on %s: the stream ended", c.Socket)
 			}
 			return c.eventsErr(err)
 		}
-		deleted()
+		deleted(deletedName(env))
 	}
+}
+
+// deletedName is the name of the image record an /images/delete event
+// names (containerd's ImageDelete, whose field 1 is the name), or "" when
+// it cannot be read. Read by hand: containerd's event types would bring
+// in its type registry for one string.
+func deletedName(env *types.Envelope) string {
+	b := env.GetEvent().GetValue()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return ""
+			}
+			return string(v)
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return ""
+		}
+		b = b[n:]
+	}
+	return ""
 }
 
 func (c *Client) eventsErr(err error) error {

@@ -24,6 +24,9 @@ func TestImageDeleteEnvelopes(t *testing.T) {
 			if env.GetTopic() != "/images/delete" || env.GetNamespace() != "k8s.io" || env.GetEvent().GetTypeUrl() != "containerd.services.images.v1.ImageDelete" {
 				t.Errorf("envelope %v", &env)
 			}
+			if got := deletedName(&env); got != "docker.io/x/data:1" {
+				t.Errorf("deleted record %q, want docker.io/x/data:1", got)
+			}
 		})
 	}
 }

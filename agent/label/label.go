@@ -78,6 +78,24 @@ type Summary struct {
 	// plugins, so the list may hold private images, which the kubelet's
 	// default policy lets any pod on the node run (docs/security.md).
 	Credentials bool `json:"credentials,omitempty"`
+	// Removals is the history of the list's images the node lost
+	// (agent/gcguard), so that the hold on an image the node's image GC
+	// keeps removing outlives the agent's pod.
+	Removals []Removal `json:"removals,omitempty"`
+}
+
+// Removal is one image's removals from the node.
+type Removal struct {
+	Image    string `json:"image"`
+	Removals int    `json:"removals"`
+	// Holds is how many removals held its re-download back, and Until
+	// (RFC 3339) when the last hold ends.
+	Holds int    `json:"holds,omitempty"`
+	Until string `json:"until,omitempty"`
+	// Repulled: the agent pulled it back after its last removal. Gone: not
+	// seen on the node since its last removal.
+	Repulled bool `json:"repulled,omitempty"`
+	Gone     bool `json:"gone,omitempty"`
 }
 
 // Pins is the pinning part of the annotation.
@@ -258,7 +276,7 @@ func (s Summary) Same(o Summary) bool {
 			return false
 		}
 	}
-	return s.Pins.same(o.Pins)
+	return s.Pins.same(o.Pins) && slices.Equal(s.Removals, o.Removals)
 }
 
 // Marshal returns the compact JSON of the annotation.
@@ -320,6 +338,11 @@ type Labeler struct {
 	StartupTaintDeadline time.Time
 	// Credentials is recorded in every summary written (Summary.Credentials).
 	Credentials bool
+	// Removals, when set, gives the history recorded in every summary
+	// written (Summary.Removals), the entries that matter most first: the
+	// last ones are left out if the annotation would grow past
+	// MaxAnnotationBytes.
+	Removals func() []Removal
 }
 
 func (l *Labeler) log() *slog.Logger {
@@ -348,6 +371,13 @@ func (l *Labeler) stamp(s Summary) Summary {
 		if !l.StartupTaintDeadline.IsZero() {
 			s.StartupTaintDeadline = l.StartupTaintDeadline.UTC().Format(time.RFC3339)
 		}
+	}
+	if l.Removals != nil {
+		s.Removals = l.Removals()
+		for len(s.Removals) > 0 && len(s.Marshal()) > MaxAnnotationBytes {
+			s.Removals = s.Removals[:len(s.Removals)-1]
+		}
+		slices.SortFunc(s.Removals, func(a, b Removal) int { return strings.Compare(a.Image, b.Image) })
 	}
 	return s
 }

@@ -164,10 +164,10 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 	}
 	budget, err := p.Budget(ctx)
 	if err != nil {
-		p.log().Warn("not pinning: the pin budget is unknown; the pins stay as they were", "err", err)
-		return &label.Pins{Error: fmt.Sprintf("the pin budget is unknown: %v", err)}
+		p.log().Warn("not pinning new images: the pin budget is unknown; the list's pins stay as they were", "err", err)
+		return p.keepListed(ctx, results, fmt.Sprintf("the pin budget is unknown: %v", err))
 	}
-	all, marked, others, err := p.nodePins(ctx)
+	v, err := p.survey(ctx)
 	if err != nil {
 		if errors.Is(err, ErrUnsupported) {
 			return p.unsupported(ctx, fmt.Sprintf("the runtime serves no containerd images API (%v)", err))
@@ -175,7 +175,6 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 		p.log().Warn("not pinning: listing the node's pins failed; they stay as they were", "err", err)
 		return &label.Pins{BudgetBytes: budget, Error: err.Error()}
 	}
-	out := &label.Pins{BudgetBytes: budget}
 	p.lastNotPinned, p.notPinned = p.notPinned, map[string]string{}
 	keep := map[string]bool{}
 	// The records and sizes of the present images are looked up first,
@@ -193,23 +192,47 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 			keep[name] = true
 			continue
 		}
-		it := &item{r: r, name: name}
-		it.rec, it.marked = marked[name]
-		items = append(items, it)
+		items = append(items, &item{r: r, name: name})
 	}
-	p.lookUp(ctx, all, items)
-	// The budget is the node's: what other instances pinned counts first,
-	// then this instance's pins already set (so that a second instance
-	// never undoes the first one's), then new ones, each group in list
-	// order, while they fit. An image under two references, or pinned by
-	// two instances, counts once.
+	for _, it := range items {
+		it.rec, it.marked = v.marked[it.name]
+	}
+	p.lookUp(ctx, v.all, items)
+	// The claim is written before the listing the plan is made from (see
+	// share.go): an instance that syncs at the same time sees it, or this
+	// one sees its pins.
+	mine := p.claimFor(v, items, budget)
+	wrote, err := p.claim(ctx, v.all, items, mine)
+	if err != nil {
+		p.log().Warn("claiming a share of the node's pin budget failed; pinning within what is left", "err", err)
+	}
+	if wrote {
+		if v, err = p.survey(ctx); err != nil {
+			p.log().Warn("not pinning: listing the node's pins failed; they stay as they were", "err", err)
+			return &label.Pins{BudgetBytes: budget, Error: err.Error()}
+		}
+		for _, it := range items {
+			if r, ok := v.marked[it.name]; ok {
+				it.rec, it.marked = r, true
+			}
+		}
+	}
+	nodeBudget := v.nodeBudget(budget)
+	out := &label.Pins{BudgetBytes: nodeBudget}
+	pinnedIDs := map[string]bool{}
+	for _, it := range items {
+		if it.marked && it.err == nil {
+			pinnedIDs[it.sz.id] = true
+		}
+	}
+	room := v.room(nodeBudget, pinnedIDs)
+	// Within the room the other instances leave, this instance's pins
+	// already set first (so that pins do not churn), then new ones, each
+	// group in list order. An image under two references counts once; one
+	// that an instance before this one by name pins takes nothing more.
 	var toPin []*item
-	var planned uint64
-	counted := map[string]bool{}
-	for id, n := range others {
-		planned += n
-		counted[id] = true
-	}
+	var ownBytes uint64
+	own := map[string]bool{}
 	for _, group := range []bool{true, false} {
 		for _, it := range items {
 			if it.marked != group {
@@ -220,19 +243,23 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 				p.skip(out, it.r, ReasonPinFailed, it.err.Error())
 				continue
 			}
-			if !counted[it.sz.id] {
-				if planned+it.sz.bytes > budget {
-					p.skip(out, it.r, ReasonOverBudget, fmt.Sprintf("takes %s; %s of the node's pin budget of %s is left", disk.Bytes(it.sz.bytes), disk.Bytes(budget-min(planned, budget)), disk.Bytes(budget)))
+			if !own[it.sz.id] {
+				c := v.cost(it.sz.id, it.sz.bytes)
+				if ownBytes+c > room {
+					p.skip(out, it.r, ReasonOverBudget, overBudget(it.sz.bytes, room-min(ownBytes, room), nodeBudget))
 					continue
 				}
-				planned += it.sz.bytes
-				counted[it.sz.id] = true
+				ownBytes += c
+				own[it.sz.id] = true
 			}
 			keep[it.name] = true
 			toPin = append(toPin, it)
 		}
 	}
 	each(len(toPin), func(i int) { toPin[i].err = p.pin(ctx, toPin[i].rec) })
+	if slices.ContainsFunc(toPin, func(it *item) bool { return !it.marked && it.err == nil }) {
+		toPin = p.yield(ctx, toPin, keep, budget, mine.reserve, out)
+	}
 	var firstPinned pull.Result
 	pinned := map[string]bool{}
 	for _, it := range toPin {
@@ -249,7 +276,7 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 			firstPinned = it.r
 		}
 	}
-	for name, rec := range marked {
+	for name, rec := range v.marked {
 		if keep[name] {
 			continue
 		}
@@ -270,6 +297,104 @@ func (p *Pinner) Sync(ctx context.Context, results []pull.Result) *label.Pins {
 	return out
 }
 
+// keepListed is a pass that pins nothing new, when the budget is unknown:
+// this instance's pins on images that left the list are removed, since
+// nothing else would ever free them for the kubelet's image GC, and what
+// stays pinned is reported.
+func (p *Pinner) keepListed(ctx context.Context, results []pull.Result, why string) *label.Pins {
+	out := &label.Pins{Error: why}
+	marked, err := p.marked(ctx)
+	if err != nil {
+		if errors.Is(err, ErrUnsupported) {
+			return p.unsupported(ctx, fmt.Sprintf("the runtime serves no containerd images API (%v)", err))
+		}
+		out.Error = fmt.Sprintf("%s; listing the node's pins failed: %v", why, err)
+		return out
+	}
+	listed := map[string]bool{}
+	for _, r := range results {
+		if r.Ref != "" {
+			listed[recordName(r.Normalized)] = true
+		}
+	}
+	counted := map[string]bool{}
+	for name, rec := range marked {
+		if !listed[name] {
+			if err := p.unpin(ctx, rec); err != nil {
+				p.log().Warn("removing a pin failed; retrying at the next check", "record", name, "err", err)
+				continue
+			}
+			p.log().Info("unpinned an image that left the list", "record", name)
+			continue
+		}
+		out.Images++
+		if sz, err := p.sizeOf(ctx, rec); err == nil && !counted[sz.id] {
+			out.Bytes += sz.bytes
+			counted[sz.id] = true
+		}
+	}
+	return out
+}
+
+// overBudget says why an image of size bytes is not pinned: left is what
+// the other instances leave of the node's budget, less this one's pins.
+func overBudget(size, left, node uint64) string {
+	return fmt.Sprintf("takes %s; %s of the node's pin budget of %s is left to this instance "+
+		"(the others' pins and shares counted)", disk.Bytes(size), disk.Bytes(left), disk.Bytes(node))
+}
+
+// claimFor is this instance's claim: its budget, what its present images
+// take within it, and what of them fits in its share of the node's budget.
+func (p *Pinner) claimFor(v *view, items []*item, budget uint64) claim {
+	c := claim{budget: budget, wants: wants(items, budget)}
+	c.reserve = wants(items, v.share(c.wants, v.nodeBudget(budget)))
+	return c
+}
+
+// yield lists the node again after this instance pinned new images, and
+// gives up the last of toPin, in list order, when the node is then over
+// its budget and this instance past its reserve (share.go): another
+// instance pinned at the same time. It returns what stays pinned.
+func (p *Pinner) yield(ctx context.Context, toPin []*item, keep map[string]bool, budget, reserve uint64,
+	out *label.Pins) []*item {
+	v, err := p.survey(ctx)
+	if err != nil {
+		p.log().Warn("listing the node's pins again after pinning failed; checking the budget at the next sync", "err", err)
+		return toPin
+	}
+	node := v.nodeBudget(budget)
+	out.BudgetBytes = node
+	mine := map[string]bool{}
+	var own uint64
+	for _, it := range toPin {
+		if it.err == nil && !mine[it.sz.id] {
+			mine[it.sz.id] = true
+			own += v.cost(it.sz.id, it.sz.bytes)
+		}
+	}
+	give := v.excess(own, reserve, node, mine)
+	for i := len(toPin) - 1; i >= 0 && give > 0; i-- {
+		it := toPin[i]
+		if it.err != nil {
+			continue
+		}
+		if rec, ok := v.all[it.name]; ok {
+			if err := p.unpin(ctx, rec); err != nil {
+				p.log().Warn("giving up a pin past the node's budget failed; retrying at the next sync",
+					"record", it.name, "err", err)
+				continue
+			}
+		}
+		give -= min(give, v.cost(it.sz.id, it.sz.bytes))
+		keep[it.name] = false
+		p.skip(out, it.r, ReasonOverBudget, overBudget(it.sz.bytes, 0, node))
+		toPin = slices.Delete(toPin, i, i+1)
+	}
+	return toPin
+}
+
+func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
 func (p *Pinner) skip(out *label.Pins, r pull.Result, reason, message string) {
 	if p.lastNotPinned[r.Normalized] != reason {
 		p.log().Info("image present but not pinned", "image", r.Normalized, "reason", reason, "why", message)
@@ -286,44 +411,6 @@ type item struct {
 	marked bool
 	sz     imageSize
 	err    error
-}
-
-// nodePins lists every image record (one call), and returns them by name,
-// those this instance marked by name, and the bytes of each image that
-// carries another instance's mark, by image ID. An image whose size cannot
-// be read is left out: it went meanwhile.
-func (p *Pinner) nodePins(ctx context.Context) (all, mine map[string]Record, others map[string]uint64, err error) {
-	list, err := p.Store.List(ctx, "")
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("list image records: %w", err)
-	}
-	all = make(map[string]Record, len(list))
-	mine = map[string]Record{}
-	var theirs []Record
-	for _, r := range list {
-		all[r.Name] = r
-		if r.Labels[p.mark()] != "" {
-			mine[r.Name] = r
-		}
-		for k, v := range r.Labels {
-			if k != p.mark() && strings.HasPrefix(k, MarkPrefix) && v != "" {
-				theirs = append(theirs, r)
-				break
-			}
-		}
-	}
-	sizes := make([]imageSize, len(theirs))
-	errs := make([]error, len(theirs))
-	each(len(theirs), func(i int) { sizes[i], errs[i] = p.sizeOf(ctx, theirs[i]) })
-	others = map[string]uint64{}
-	for i, sz := range sizes {
-		if errs[i] != nil {
-			p.log().Debug("the size of another instance's pin is unknown", "record", theirs[i].Name, "err", errs[i])
-			continue
-		}
-		others[sz.id] = sz.bytes
-	}
-	return all, mine, others, nil
 }
 
 // sizeOf is size, cached by the record's target: an image never changes.
@@ -473,6 +560,9 @@ func (p *Pinner) UnpinAll(ctx context.Context) (int, error) {
 		if err == nil {
 			n++
 		}
+	}
+	if err := p.unclaim(ctx); err != nil && !errors.Is(err, ErrUnsupported) {
+		errs = append(errs, err)
 	}
 	return n, errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -459,5 +460,110 @@ func TestUnpinAllManyWithinDeadline(t *testing.T) {
 	}
 	if left > 0 {
 		t.Errorf("%d of 150 records still carry the mark or the pin", left)
+	}
+}
+
+// Issue 48, finding 5: with the budget unknown, nothing new is pinned, but
+// this instance's pins on images that left the list go (nothing else would
+// free them for the kubelet's GC), and the annotation counts what stays.
+// Before, Sync returned before its unpin pass and reported 0 images.
+func TestSyncUnknownBudgetStillUnpins(t *testing.T) {
+	ctx := context.Background()
+	s := newFakeStore()
+	s.add("dA", 100, 200, refA)
+	s.add("dB", 10, 10, refB)
+	s.add("dC", 40, 60, refC)
+	p := newPinner(s, "ns", "one", 1000)
+	p.Sync(ctx, []pull.Result{present(refA), present(refB)})
+	p.Budget = func(context.Context) (uint64, error) { return 0, errors.New("no node figures") }
+	got := p.Sync(ctx, []pull.Result{present(refA), present(refC)})
+	if pinned := strings.Join(pinnedNames(s), ","); pinned != refA {
+		t.Errorf("pinned %s, want %s only: b left the list, c is new", pinned, refA)
+	}
+	if got.Error == "" || got.Images != 1 || got.Bytes != 300 {
+		t.Errorf("Sync = %+v, want an error, 1 image of 300 bytes pinned", got)
+	}
+}
+
+// pinnedBytes is what the pinned images take, each counted once.
+func pinnedBytes(s *fakeStore) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var total uint64
+	counted := map[string]bool{}
+	for _, r := range s.records {
+		if r.Labels[PinLabel] == PinValue && !counted[r.Target.Digest] {
+			counted[r.Target.Digest] = true
+			img := s.images[r.Target.Digest]
+			total += img.size + img.unpacked
+		}
+	}
+	return total
+}
+
+// markedBy reports whether any record carries the instance's mark.
+func markedBy(s *fakeStore, ns, name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.records {
+		if r.Labels[MarkKey(ns, name)] != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// Issue 48, finding 4: one budget per node, whatever the instances. Two
+// instances naming different budgets (the smallest, 550, wins) sync one
+// after the other or at the same time, again and again: the pins never
+// take more than the node's budget once both syncs are done, and neither
+// is left without pins. Before, syncs at once pinned 900 bytes against
+// 550, and the instance with the larger budget made the other drop all
+// its pins.
+func TestOneBudgetPerNode(t *testing.T) {
+	const (
+		refE = "docker.io/library/e:1"
+		refF = "docker.io/library/f:1"
+		refG = "docker.io/library/g:1"
+	)
+	tests := []struct {
+		name       string
+		concurrent bool
+		latency    time.Duration
+	}{
+		{name: "one after the other"},
+		{name: "at the same time", concurrent: true},
+		{name: "at the same time, slow updates", concurrent: true, latency: time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newFakeStore()
+			s.setLatency = tt.latency
+			s.add("dA", 100, 200, refA) // 300 on disk
+			s.add("dE", 50, 100, refE)  // 150
+			s.add("dF", 100, 150, refF) // 250
+			s.add("dG", 50, 100, refG)  // 150
+			one, two := newPinner(s, "ns", "one", 1000), newPinner(s, "ns", "two", 550)
+			oneList := []pull.Result{present(refA), present(refE)}
+			twoList := []pull.Result{present(refF), present(refG)}
+			for round := range 20 {
+				if tt.concurrent {
+					var wg sync.WaitGroup
+					wg.Go(func() { one.Sync(ctx, oneList) })
+					wg.Go(func() { two.Sync(ctx, twoList) })
+					wg.Wait()
+				} else {
+					one.Sync(ctx, oneList)
+					two.Sync(ctx, twoList)
+				}
+				if n := pinnedBytes(s); n > 550 {
+					t.Fatalf("round %d: the node's pins take %d bytes, over its budget of 550", round, n)
+				}
+			}
+			if !markedBy(s, "ns", "one") || !markedBy(s, "ns", "two") {
+				t.Errorf("one pins: %v, two pins: %v; want both to pin", markedBy(s, "ns", "one"), markedBy(s, "ns", "two"))
+			}
+		})
 	}
 }

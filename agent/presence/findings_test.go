@@ -3,6 +3,7 @@ package presence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -147,4 +148,98 @@ func waitStatuses(t *testing.T, rt *runtime, n int) {
 			t.Fatalf("%d ImageStatus calls within 5 s, want %d", got, n)
 		}
 	}
+}
+
+// Issue 48, finding 6: a deletion is noticed even when containerd's CRI
+// plugin learns of it 10 s after the event (a loaded node). Before, the
+// event got two looks, at once and 2 s later, and the removal went unseen
+// until the next check. Real time: the schedule itself is under test.
+func TestDeletionTheCRIPluginLearns10sLate(t *testing.T) {
+	t.Parallel()
+	rt := newRuntime()
+	_, ev, g, _ := startFollowing(t, rt, []Image{a})
+	waitStatuses(t, rt, 2) // the look after subscribing, and the one at settle
+	ev.names <- a.Name
+	learnt := time.AfterFunc(10*time.Second, func() { rt.set(a.Ref, "") })
+	defer learnt.Stop()
+	select {
+	case imgs := <-g:
+		if len(imgs) != 1 || imgs[0].Name != a.Name {
+			t.Errorf("gone %v, want a", imgs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a deletion the CRI plugin learnt of 10 s late was not noticed within 20 s")
+	}
+}
+
+// Issue 48, finding 8: a deletion of an image nobody watches costs no
+// ImageStatus call, and one of a watched image asks about that image only.
+// Before, each deletion asked about every watched image: the 40 deletions
+// here cost 800 calls, and the watched one 1,000.
+func TestUnwatchedDeletionCostsNoLook(t *testing.T) {
+	rt := newRuntime()
+	set := []Image{a}
+	for i := range 199 {
+		ref := fmt.Sprintf("docker.io/library/img%d:1", i)
+		rt.set(ref, fmt.Sprintf("sha256:%064d", i))
+		set = append(set, Image{Name: ref, Ref: ref, ID: fmt.Sprintf("sha256:%064d", i)})
+	}
+	_, ev, g, _ := startFollowing(t, rt, set)
+	waitStatuses(t, rt, 2*len(set)) // the looks after subscribing
+	_, before := rt.calls()
+	for i := range 20 {
+		ev.names <- fmt.Sprintf("docker.io/other/unrelated%d:1", i)
+		ev.names <- fmt.Sprintf("sha256:%064x", 1000+i)
+	}
+	g.noReport(t)
+	if _, after := rt.calls(); after != before {
+		t.Errorf("%d ImageStatus calls for 40 deletions of unwatched records, want 0", after-before)
+	}
+	rt.set(a.Ref, "")
+	ev.names <- a.ID // the kubelet's GC deletes by ID
+	if got := g.next(t); !slices.Equal(got, []string{a.Name}) {
+		t.Errorf("gone %v, want a", got)
+	}
+	if _, after := rt.calls(); after-before != 1 {
+		t.Errorf("%d ImageStatus calls for the deletion of a watched image, want 1", after-before)
+	}
+}
+
+// A late look after a deletion event that runs while the event stream is
+// broken (the runtime restarting, wiped) reports what it finds gone as
+// gone with the restart, not as a removal by the kubelet's GC. Before, it
+// was reported as one, and held back as one the GC keeps removing
+// (tests/runtimes TestRemovalNoticed, the wipe).
+func TestLateLookWhileTheStreamIsDown(t *testing.T) {
+	rt := newRuntime()
+	subscribed := make(chan struct{}, 10)
+	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
+	g := make(gone, 10)
+	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
+	w.Watch([]Image{a})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-subscribed
+	waitStatuses(t, rt, 2)
+	ev.names <- b.Name // a deletion of another image: no look at a
+	ev.names <- a.Name // a deletion event for a that the CRI plugin has not handled
+	ev.fail <- errors.New("transport is closing")
+	rt.set(a.Ref, "") // the runtime comes back wiped; not subscribed yet
+	select {
+	case imgs := <-g:
+		if len(imgs) != 1 || imgs[0].Name != a.Name || !imgs[0].AfterRestart {
+			t.Errorf("gone %+v, want a, gone with the restart", imgs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a not reported")
+	}
+	close(ev.gate)
 }

@@ -13,10 +13,12 @@
 package presence
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,13 +34,23 @@ const DefaultInterval = 10 * time.Second
 // watch for good.
 const callTimeout = 10 * time.Second
 
-// settle is when a subscription, and a deletion event, look a second
-// time. containerd registers a subscription some time after its stream
-// opens and says nothing when, so a deletion between the first look and
-// then has no event: on a loaded node, an image deleted 0.19 s after the
-// agent started watching went unseen until the next check, 10 min later
-// (tests/disk). For an event, see deleted.
+// settle is when a subscription looks a second time. containerd registers
+// a subscription some time after its stream opens and says nothing when,
+// so a deletion between the first look and then has no event: on a loaded
+// node, an image deleted 0.19 s after the agent started watching went
+// unseen until the next check, 10 min later (tests/disk).
 const settle = 2 * time.Second
+
+// lateLooks are when an image a deletion event names is looked at again,
+// after the look at once, until it is found gone. containerd's CRI plugin
+// learns of a deletion from the same events, and until it has, ImageStatus
+// still finds the image: on a loaded node that took more than 2 s. The
+// last look, 12 s after the event, covers a plugin 10 s late.
+var lateLooks = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 12 * time.Second}
+
+// maxDeleted bounds the names of deleted records kept between two checks;
+// past it, the next set is looked at whole.
+const maxDeleted = 1000
 
 // maxRetry is the longest wait before a failed look is tried again.
 const maxRetry = 10 * time.Second
@@ -66,7 +78,7 @@ type Runtime interface {
 // Events is containerd's event stream (cri.Client.WatchImageDeletes). It
 // returns an error wrapping cri.ErrNoEvents when the runtime has none.
 type Events interface {
-	WatchImageDeletes(ctx context.Context, subscribed func(), deleted func()) error
+	WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(name string)) error
 }
 
 // Watcher watches a set of images.
@@ -84,12 +96,22 @@ type Watcher struct {
 	once sync.Once
 	wake chan struct{}
 
+	// late is lateLooks when nil.
+	late []time.Duration
+
 	mu  sync.Mutex
 	set []Image
 	// changed: something may have been removed since the last Watch. The
 	// looks since then asked about the old set; the new one is asked
-	// about at once (a removal during a check).
-	changed bool
+	// about at once (a removal during a check). deletedSince are the
+	// records deletion events named since then: of the new set, only the
+	// images they may be are asked about.
+	changed      bool
+	deletedSince []string
+	// all asks the next look about the whole set; wanted, about these
+	// images only (by Name).
+	all    bool
+	wanted map[string]bool
 	// restarted: the stream came back after breaking, and no look has
 	// succeeded since.
 	restarted bool
@@ -106,30 +128,113 @@ func (w *Watcher) Watch(set []Image) {
 	w.mu.Lock()
 	w.set = slices.Clone(set)
 	changed := w.changed
-	w.changed = false
+	var named []string
+	for _, img := range w.set {
+		if slices.ContainsFunc(w.deletedSince, img.named) {
+			named = append(named, img.Name)
+		}
+	}
+	w.changed, w.deletedSince = false, nil
+	w.all = w.all || changed
 	w.mu.Unlock()
 	if changed {
 		w.poke()
 	}
+	w.suspect(named)
 }
 
-// deleted asks for a look on a deletion event, and again after settle:
-// containerd's CRI plugin learns of a deletion from the same events, and
-// until it has, ImageStatus still finds the image. On a loaded node the
-// look came first, and a removal went unseen for good (tests/runtimes,
-// containerd 1.6).
-func (w *Watcher) deleted() {
-	w.trigger()
-	time.AfterFunc(settle, w.trigger)
+// deleted handles a deletion event naming record name: the watched images
+// it may be are looked at, at once and at lateLooks. A name that is none
+// of them costs no call. One that cannot be read asks about the whole set.
+func (w *Watcher) deleted(name string) {
+	if name == "" {
+		w.trigger()
+		return
+	}
+	w.mu.Lock()
+	if len(w.deletedSince) < maxDeleted {
+		w.deletedSince = append(w.deletedSince, name)
+	} else {
+		w.changed = true
+	}
+	var named []string
+	for _, img := range w.set {
+		if img.named(name) {
+			named = append(named, img.Name)
+		}
+	}
+	w.mu.Unlock()
+	w.suspect(named)
+}
+
+// suspect asks about the images of the set called names, at once and
+// again at each of the late looks while they are still watched: a look
+// that finds one gone takes it out of the set.
+func (w *Watcher) suspect(names []string) {
+	if len(names) == 0 {
+		return
+	}
+	w.ask(names)
+	late := w.late
+	if late == nil {
+		late = lateLooks
+	}
+	for _, d := range late {
+		time.AfterFunc(d, func() { w.ask(names) })
+	}
+}
+
+// ask asks the next look about those of names still watched.
+func (w *Watcher) ask(names []string) {
+	w.mu.Lock()
+	n := 0
+	for _, name := range names {
+		if slices.ContainsFunc(w.set, func(img Image) bool { return img.Name == name }) {
+			if w.wanted == nil {
+				w.wanted = map[string]bool{}
+			}
+			w.wanted[name] = true
+			n++
+		}
+	}
+	w.mu.Unlock()
+	if n > 0 {
+		w.poke()
+	}
 }
 
 // trigger records that something may have been removed, and asks for a
-// look.
+// look at the whole set.
 func (w *Watcher) trigger() {
 	w.mu.Lock()
-	w.changed = true
+	w.changed, w.all = true, true
 	w.mu.Unlock()
 	w.poke()
+}
+
+// named reports whether the image record called name may be img's: its
+// reference, its ID, or another reference of its repository (containerd
+// records a repo:tag@digest reference as repo@digest).
+func (img Image) named(name string) bool {
+	if name == img.Name || name == img.Ref || name == img.ID {
+		return true
+	}
+	if !strings.Contains(name, "/") {
+		return false // an image ID, or a name no reference has
+	}
+	repo := repository(name)
+	return repo == repository(img.Name) || repo == repository(img.Ref)
+}
+
+// repository is a reference without its tag and digest.
+func repository(ref string) string {
+	if at := strings.IndexByte(ref, '@'); at >= 0 {
+		ref = ref[:at]
+	}
+	if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
+		ref = ref[:i]
+	}
+	return ref
 }
 
 func (w *Watcher) poke() {
@@ -226,6 +331,13 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		if time.Since(start) > maxWait {
 			wait = time.Second
 		}
+		// The runtime went away (a restart, perhaps after a wipe): what a
+		// look finds gone from now on, until one after the stream is back
+		// succeeds, went with it, not with the kubelet's image GC. A late
+		// look after an earlier deletion event runs meanwhile.
+		w.mu.Lock()
+		w.restarted = true
+		w.mu.Unlock()
 		w.Log.Warn("the runtime's image event stream broke; subscribing again", "retryIn", wait, "err", err)
 		t := time.NewTimer(wait)
 		select {
@@ -266,29 +378,39 @@ func (w *Watcher) poll(ctx context.Context) {
 	}
 }
 
-// look asks ImageStatus for each image of the set by the reference the
-// pods use, and reports those it does not find. An image the reference
-// now finds under another ID (a tag moved to a newer image) is present.
-// It returns the first error; the images it could not ask about stay
-// watched.
+// look asks ImageStatus, by the reference the pods use, about the images
+// asked about (the whole set after a subscription or a listing, the
+// images a deletion event named otherwise), and reports those it does not
+// find. An image the reference now finds under another ID (a tag moved to
+// a newer image) is present. It returns the first error; the images it
+// could not ask about are asked about again.
 func (w *Watcher) look(ctx context.Context) error {
 	w.mu.Lock()
-	set := slices.Clone(w.set)
+	all, wanted := w.all, w.wanted
+	w.all, w.wanted = false, nil
+	var set []Image
+	for _, img := range w.set {
+		if all || wanted[img.Name] {
+			set = append(set, img)
+		}
+	}
 	restarted := w.restarted
 	w.mu.Unlock()
 	gone := map[string]bool{}
 	moved := map[string]string{}
 	var first error
+	var failed []string
 	for _, img := range set {
 		sctx, cancel := context.WithTimeout(ctx, callTimeout)
 		info, err := w.Runtime.ImageStatus(sctx, img.Ref)
 		cancel()
 		switch {
-		case err != nil && first == nil:
-			first = err
-		case err == nil && info == nil:
+		case err != nil:
+			first = cmp.Or(first, err)
+			failed = append(failed, img.Name)
+		case info == nil:
 			gone[img.Name] = true
-		case err == nil && info.ID != img.ID:
+		case info.ID != img.ID:
 			moved[img.Name] = info.ID
 		}
 	}
@@ -300,12 +422,16 @@ func (w *Watcher) look(ctx context.Context) error {
 			w.set[i].ID = id
 		}
 	}
-	w.mu.Unlock()
 	if first == nil && restarted {
-		w.mu.Lock()
 		w.restarted = false
-		w.mu.Unlock()
 	}
+	for _, name := range failed {
+		if w.wanted == nil {
+			w.wanted = map[string]bool{}
+		}
+		w.wanted[name] = true
+	}
+	w.mu.Unlock()
 	w.report(func(img Image) bool { return gone[img.Name] }, restarted)
 	return first
 }

@@ -163,6 +163,7 @@ func TestLook(t *testing.T) {
 				}
 			}}
 			w.Watch([]Image{a, b})
+			w.trigger() // as a subscription does: a look at the whole set
 			tt.change(rt)
 			if err := w.look(context.Background()); (err != nil) != tt.wantErr {
 				t.Errorf("look: %v, want an error %v", err, tt.wantErr)
@@ -178,6 +179,7 @@ func TestLook(t *testing.T) {
 			}
 			// What was reported is not reported again.
 			got = nil
+			w.trigger()
 			_ = w.look(context.Background())
 			if len(got) != 0 {
 				t.Errorf("reported again: %v", got)
@@ -204,13 +206,24 @@ type events struct {
 	unsupported bool
 	// subscribed, when set, gets a token after each subscription.
 	subscribed chan struct{}
-	mu         sync.Mutex
+	// gate, when set, holds each subscription after the first until it
+	// gets a token: a runtime still restarting.
+	gate chan struct{}
+	mu   sync.Mutex
 }
 
-func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func()) error {
+func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), deleted func(string)) error {
 	e.mu.Lock()
 	e.subscribes++
+	again := e.subscribes > 1
 	e.mu.Unlock()
+	if again && e.gate != nil {
+		select {
+		case <-e.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if e.unsupported {
 		return fmt.Errorf("%w: unknown service", cri.ErrNoEvents)
 	}
@@ -224,8 +237,8 @@ func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), delet
 			return ctx.Err()
 		case err := <-e.fail:
 			return err
-		case <-e.names:
-			deleted()
+		case name := <-e.names:
+			deleted(name)
 		}
 	}
 }

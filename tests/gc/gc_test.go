@@ -184,3 +184,162 @@ func TestGCIsNotFought(t *testing.T) {
 		t.Errorf("status (%v) does not say why the image stays away:\n%s", err, out)
 	}
 }
+
+// Issue 48, Done when: on Debian's containerd 1.6.20 with
+// imageMaximumGCAge, two instances of three images each, all removed in
+// the same GC passes. Two passes; one instance's agent pod is deleted
+// between them, as a rollout or an eviction would. Each image is
+// downloaded again at most once in all, by the registry's own log, and
+// held back (RemovedByGC) at the second pass. Before, the repair after
+// the first removal pulled back the others before their removals reached
+// the guard, and a new pod started afresh. Cost: two on-demand GC passes
+// and a pod restart, about a minute on this cluster.
+func TestGCHoldOutlivesThePod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	node := c.Nodes()[0]
+	cs, err := c.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := ociimage.Data(960, 48<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Push(ctx, big, "e2e/gc-filler:v1"); err != nil {
+		t.Fatal(err)
+	}
+	type instance struct {
+		name    string
+		refs    []string
+		restart bool
+	}
+	instances := []*instance{
+		{name: "hold-same", refs: c.PushData(t, 4100, 256<<10, "hold-same-1", "hold-same-2", "hold-same-3")},
+		{name: "hold-restart", refs: c.PushData(t, 4200, 256<<10, "hold-restart-1", "hold-restart-2", "hold-restart-3"),
+			restart: true},
+	}
+	for _, in := range instances {
+		spec := "  images:\n"
+		for _, r := range in.refs {
+			spec += "  - " + r + "\n"
+		}
+		spec += "  priorityClassName: system-node-critical\n"
+		p := cluster.Prefetcher{Name: in.name, Namespace: in.name, AgentImage: c.AgentImage(t), Spec: spec}
+		manifests, err := p.Render(ctx, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Apply(ctx, manifests, cluster.ApplyOptions{}); err != nil {
+			t.Fatalf("apply %s: %v", in.name, err)
+		}
+	}
+	summary := func(n *corev1.Node, in *instance) label.Summary {
+		s, _ := label.Parse(n.Annotations[labelDomain+in.name])
+		return s
+	}
+	waitAll := func(what string, cond func(n *corev1.Node, in *instance) bool) {
+		t.Helper()
+		if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool {
+			return !slices.ContainsFunc(instances, func(in *instance) bool { return !cond(n, in) })
+		}); err != nil {
+			c.DumpLogs(t)
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	waitAll("prefetched", func(n *corev1.Node, in *instance) bool { return n.Labels[labelDomain+in.name] == "succeeded" })
+	downloads := func(ref string) int {
+		repo := strings.TrimSuffix(strings.TrimPrefix(ref, "ghcr.io/"), ":v1")
+		n := 0
+		for _, r := range c.Registry().Requests(registry.Match{Repo: repo}) {
+			if r.Method == "GET" && strings.Contains(r.Path, "/blobs/") {
+				n++
+			}
+		}
+		return n
+	}
+	first := map[string]int{}
+	for _, in := range instances {
+		for _, r := range in.refs {
+			first[r] = downloads(r)
+		}
+	}
+	gcPass := func(i int) {
+		t.Helper()
+		if err := node.Pull(ctx, "ghcr.io/e2e/gc-filler:v1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.Poll(ctx, 100*time.Millisecond, "the GC pass", func() (bool, string) {
+			there, err := node.HasImage(ctx, "ghcr.io/e2e/gc-filler:v1")
+			return err == nil && !there, fmt.Sprintf("filler still there (%v)", err)
+		}); err != nil {
+			c.DumpLogs(t)
+			t.Fatalf("pass %d: %v", i, err)
+		}
+	}
+
+	gcPass(1)
+	// Repaired, and the history recorded on the node: three images
+	// removed once and pulled back.
+	waitAll("pass 1 repaired and recorded", func(n *corev1.Node, in *instance) bool {
+		s := summary(n, in)
+		return n.Labels[labelDomain+in.name] == "succeeded" && len(s.Removals) == len(in.refs) &&
+			!slices.ContainsFunc(s.Removals, func(r label.Removal) bool { return !r.Repulled })
+	})
+	for _, in := range instances {
+		if !in.restart {
+			continue
+		}
+		pods, err := cs.CoreV1().Pods(in.name).List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("pods of %s: %d, %v", in.name, len(pods.Items), err)
+		}
+		old := pods.Items[0]
+		if err := cs.CoreV1().Pods(in.name).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The new pod's fetch writes the key; its watch is then started.
+		if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool {
+			s := summary(n, in)
+			return s.Pod != "" && s.Pod != string(old.UID) && n.Labels[labelDomain+in.name] == "succeeded"
+		}); err != nil {
+			c.DumpLogs(t)
+			t.Fatalf("no new pod of %s: %v", in.name, err)
+		}
+		if err := cluster.Poll(ctx, 100*time.Millisecond, "the new pod ready", func() (bool, string) {
+			pods, err := cs.CoreV1().Pods(in.name).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, p := range pods.Items {
+				for _, cond := range p.Status.Conditions {
+					if p.UID != old.UID && cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+						return true, ""
+					}
+				}
+			}
+			return false, fmt.Sprintf("%d pods, none ready", len(pods.Items))
+		}); err != nil {
+			c.DumpLogs(t)
+			t.Fatal(err)
+		}
+	}
+	gcPass(2)
+	waitAll("pass 2 held back", func(n *corev1.Node, in *instance) bool {
+		s := summary(n, in)
+		return len(s.Failed) == len(in.refs) &&
+			!slices.ContainsFunc(s.Failed, func(f label.Failure) bool { return f.Reason != pull.ReasonRemovedByGC })
+	})
+	for _, in := range instances {
+		for _, r := range in.refs {
+			if there, err := node.HasImage(ctx, r); err != nil || there {
+				t.Errorf("%s: on the node again (%v) after its removal was held back", r, err)
+			}
+			again := downloads(r) - first[r]
+			t.Logf("%s (%s): %d blob GETs for the first download, %d after it", r, in.name, first[r], again)
+			if first[r] == 0 || again > first[r] {
+				t.Errorf("%s: %d blob GETs after the first download (%d): want at most one download again", r, again, first[r])
+			}
+		}
+	}
+}
