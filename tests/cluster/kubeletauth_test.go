@@ -56,8 +56,8 @@ func TestKubeletAuthServingCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs, err := k.ImageFs(context.Background())
+	fs, err := k.Read(context.Background())
 	if err != nil || fs.CapacityBytes != 100 || fs.AvailableBytes != 60 {
-		t.Fatalf("ImageFs = %+v, %v", fs, err)
+		t.Fatalf("Read = %+v, %v", fs, err)
 	}
 }
