@@ -89,7 +89,7 @@ func (f *agentFlags) register(cmd *cobra.Command, deps *Deps) {
 	fs.StringVar(&f.namespace, "namespace", deps.podNamespace(), "namespace of the ImagePrefetcher instance, recorded as the owner of the node key (default $POD_NAMESPACE, else the pod's service-account namespace file)")
 	fs.StringVar(&f.labelDomain, "label-domain", v1alpha1.LabelDomain, "prefix of the node label and annotation key")
 	fs.BoolVar(&f.labelNode, "label-node", true, "write the node label and annotation")
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster config when empty")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster, then $KUBECONFIG or ~/.kube/config")
 	fs.IntVar(&f.maxConcurrentNodes, "max-concurrent-nodes", 0, "nodes of this instance pulling at the same time; 0 means no limit")
 	fs.IntVar(&f.seedNodes, "seed-nodes", 0, "nodes that pull first before the others start (with --max-concurrent-nodes)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics and /healthz, e.g. :9100; off when empty")

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/agent/kube/clientset"
 	"github.com/image-prefetcher/image-prefetcher/agent/label"
 )
 
@@ -245,6 +250,44 @@ func TestStatusCleanupRemovesOnlyOwnKeys(t *testing.T) {
 	e := ownersEnv(t)
 	if code := e.run("status", "--cleanup=web"); code != ExitUsage || !strings.Contains(e.logs.String(), "--cleanup needs --namespace") {
 		t.Errorf("exit %d: %s", code, e.logs)
+	}
+}
+
+// TestStatusCleanupWithoutNamespaceIsAUsageError: --cleanup without
+// --namespace exits 2 before the client is even built, whatever the
+// cluster would answer: a usage error is not a cluster error (exit 1).
+func TestStatusCleanupWithoutNamespaceIsAUsageError(t *testing.T) {
+	cases := []struct {
+		name string
+		kube func(e *env) (kube.Interface, error)
+	}{
+		{"no cluster to reach", func(*env) (kube.Interface, error) {
+			return nil, errors.New("not in a pod and no usable kubeconfig")
+		}},
+		{"nodes cannot be listed", func(e *env) (kube.Interface, error) {
+			e.kube.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, errors.New("connection refused")
+			})
+			return clientset.Wrap(e.kube), nil
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := ownersEnv(t)
+			deps := e.deps()
+			calls := 0
+			deps.Kube = func(string) (kube.Interface, error) {
+				calls++
+				return tc.kube(e)
+			}
+			code := Execute(context.Background(), []string{"status", "--cleanup=web"}, deps)
+			if code != ExitUsage || !strings.Contains(e.logs.String(), "--cleanup needs --namespace") {
+				t.Errorf("exit %d, want %d: %s", code, ExitUsage, e.logs)
+			}
+			if calls != 0 {
+				t.Errorf("built a Kubernetes client %d times before rejecting the flags", calls)
+			}
+		})
 	}
 }
 
