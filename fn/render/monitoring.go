@@ -177,6 +177,7 @@ const (
 	AlertImageFailingEverywhere = "ImagePrefetcherImageFailingEverywhere"
 	AlertSlotStarvation         = "ImagePrefetcherSlotStarvation"
 	AlertLabelConflict          = "ImagePrefetcherLabelConflict"
+	AlertOwnerConflict          = "ImagePrefetcherOwnerConflict"
 )
 
 // Alert thresholds that do not follow from the spec.
@@ -188,6 +189,9 @@ const (
 	slotStarvationFor    = 30 * time.Minute
 	failingEverywhereFor = 15 * time.Minute
 	labelConflictWindow  = 30 * time.Minute
+	// ownerConflictWindow: fetch, which exits on a conflict and restarts
+	// in a back-off, exposes the gauge only between restarts.
+	ownerConflictWindow = 30 * time.Minute
 )
 
 // alerts are the rules of the PrometheusRule; docs/monitoring.md explains
@@ -237,8 +241,17 @@ func (c Config) alerts() []rule {
 			Expr:   fmt.Sprintf(`increase(image_prefetcher_label_conflicts_total{%s}[%s]) > 0`, sel, promDuration(labelConflictWindow)),
 			Labels: labels("warning"),
 			Annotations: map[string]string{
-				"summary":     fmt.Sprintf("Something else writes the node key %s on {{ $labels.node }}", key),
-				"description": fmt.Sprintf("The image prefetcher %s/%s on node {{ $labels.node }} found its node label or annotation %s changed by another writer. Another instance of the same name in a different namespace, or a person or controller labelling nodes, makes the label untrustworthy.", c.Namespace, c.Name, key),
+				"summary":     fmt.Sprintf("Something other than the agent writes the node key %s on {{ $labels.node }}", key),
+				"description": fmt.Sprintf("The image prefetcher %s/%s on node {{ $labels.node }} found its node label or annotation %s changed since it wrote it: by a person, a script or a controller labelling nodes, by status --cleanup, or by an agent of a release before key owners. The agent rewrites it at its next check, but a label that flips is not to be trusted. Another instance of the same name, or copy of this one, leaves a key it does not own alone (%s).", c.Namespace, c.Name, key, AlertOwnerConflict),
+			},
+		},
+		{
+			Alert:  AlertOwnerConflict,
+			Expr:   fmt.Sprintf(`max_over_time(image_prefetcher_owner_conflict{%s}[%s]) == 1`, sel, promDuration(ownerConflictWindow)),
+			Labels: labels("warning"),
+			Annotations: map[string]string{
+				"summary":     fmt.Sprintf("The node key %s on {{ $labels.node }} belongs to another instance than %s/%s", key, c.Namespace, c.Name),
+				"description": fmt.Sprintf("The image prefetcher %s/%s on node {{ $labels.node }} leaves its node key %s alone: the key's annotation names another owner, an instance of the same name in another namespace or another copy (DaemonSet) of this one. Pods selecting the label follow the other owner's images. Give each instance its own name; the pod's Warning InstanceConflict Event names both owners.", c.Namespace, c.Name, key),
 			},
 		},
 	}

@@ -243,6 +243,20 @@ func testAlerts(t *testing.T, rules []byte, s Scrapes) {
 			input:  seriesOf(t, "node-1", segment{s.Succeeded, 40}),
 			checks: []alertCheck{{minute(15), render.AlertLabelConflict, nil}},
 		},
+		{
+			name:  "owner conflict: another instance owns the key for 20 minutes, then this one writes it",
+			input: seriesOf(t, "node-1", segment{s.Succeeded, 10}, segment{s.OwnerConflict, 20}, segment{s.Succeeded, 40}),
+			checks: []alertCheck{
+				{minute(5), render.AlertOwnerConflict, nil},
+				{minute(15), render.AlertOwnerConflict, []string{expect(render.AlertOwnerConflict, targetMap("node-1"), "node-1", "")}},
+				{minute(65), render.AlertOwnerConflict, nil},
+			},
+		},
+		{
+			name:   "owner conflict: the key is this instance's, while someone else rewrites it",
+			input:  seriesOf(t, "node-1", segment{s.Succeeded, 10}, segment{s.Conflict, 40}),
+			checks: []alertCheck{{minute(15), render.AlertOwnerConflict, nil}},
+		},
 	}
 
 	// Every alert fires, resolves later in the same test, and stays quiet in
@@ -331,7 +345,7 @@ var metricName = regexp.MustCompile(`\bimage_prefetcher_[a-z_]+\b`)
 // the agent really exposes.
 func testMetricNames(t *testing.T, rules []byte, s Scrapes) {
 	exposed := map[string]bool{}
-	for _, sc := range []Scrape{s.Succeeded, s.Conflict, s.Failed, s.SlotWaiting} {
+	for _, sc := range []Scrape{s.Succeeded, s.Conflict, s.OwnerConflict, s.Failed, s.SlotWaiting} {
 		for n := range sc.Names() {
 			exposed[n] = true
 		}

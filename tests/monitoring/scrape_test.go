@@ -3,6 +3,7 @@ package monitoring_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
@@ -50,6 +52,9 @@ type Scrapes struct {
 	Succeeded Scrape
 	// Conflict: the same watch after someone else rewrote its node key.
 	Conflict Scrape
+	// OwnerConflict: the same watch after the key's annotation came to name
+	// the same-name instance of another namespace as its owner.
+	OwnerConflict Scrape
 	// Failed: watch with an image the registry does not have.
 	Failed Scrape
 	// SlotWaiting: fetch waiting for the only herd-control slot, which
@@ -58,7 +63,7 @@ type Scrapes struct {
 }
 
 // takeScrapes starts a control plane and one containerd, runs the agent
-// through the four states and scrapes each.
+// through the five states and scrapes each.
 func takeScrapes(t *testing.T, agentBin string) Scrapes {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -151,7 +156,21 @@ func takeScrapes(t *testing.T, agentBin string) Scrapes {
 		t.Fatal(err)
 	}
 	s.Conflict = waitScrape("a label conflict", func(m Scrape) bool { return m["image_prefetcher_label_conflicts_total"] == 1 })
+	owner, err := json.Marshal(map[string]label.Owner{"owner": label.NewOwner("elsewhere", instance)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch = fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, v1alpha1.NodeKey(instance), owner)
+	if _, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.OwnerConflict = waitScrape("an owner conflict", func(m Scrape) bool { return m["image_prefetcher_owner_conflict"] == 1 })
 	stop(w)
+	// The next agent starts on a free key, as on a node nobody labelled.
+	patch = fmt.Appendf(nil, `{"metadata":{"labels":{%[1]q:null},"annotations":{%[1]q:null}}}`, v1alpha1.NodeKey(instance))
+	if _, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	w = agent("watch", "--refresh-interval=1s", present, missing)
 	s.Failed = waitScrape("failed", func(m Scrape) bool {
