@@ -210,8 +210,10 @@ func TestExampleVersions(t *testing.T) {
 	for file, wants := range map[string][]string{
 		"examples/argocd/sidecar/Dockerfile": {"FROM " + fnImage + " AS fn", "kustomize/v5@" + kustomizeVersion},
 		fluxWorkflow:                         {`IMAGE_PREFETCHER_VERSION: "` + ver + `"`, "KUSTOMIZE_VERSION: " + kustomizeVersion},
+		fluxStagedWorkflow:                   {`IMAGE_PREFETCHER_VERSION: "` + ver + `"`, "KUSTOMIZE_VERSION: " + kustomizeVersion},
 		"examples/kpt/README.md":             {fnImage},
-		"docs/integrations.md":               {"image-prefetcher-fn@v" + ver, "kustomize/v5@" + kustomizeVersion, "?ref=v" + ver},
+		"docs/install.md":                    {"V=" + ver, "?ref=v" + ver},
+		"docs/integrations.md":               {"kustomize/v5@" + kustomizeVersion, "?ref=v" + ver},
 		"docs/integrations/kustomize.md":     {"?ref=v" + ver},
 		"docs/integrations/kpt.md":           {fnImage},
 	} {
