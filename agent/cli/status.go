@@ -61,7 +61,8 @@ func newStatus(deps *Deps) *cobra.Command {
 				return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("-o %q: want table or json", output)}
 			}
 			if cleanup != "" && namespace == "" {
-				return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf("--cleanup needs --namespace: the key is removed only where the instance %s of that namespace owns it", cleanup)}
+				return &ExitCodeError{Code: ExitUsage, Err: fmt.Errorf(
+					"--cleanup needs --namespace: the key is removed only where the instance %s of that namespace owns it", cleanup)}
 			}
 			client, err := deps.Kube(kubeconfig)
 			if err != nil {
@@ -104,7 +105,8 @@ func newStatus(deps *Deps) *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in a pod, its service account; else $KUBECONFIG or ~/.kube/config)")
+	fs.StringVar(&kubeconfig, "kubeconfig", "",
+		"kubeconfig file (default: in a pod, its service account; else $KUBECONFIG or ~/.kube/config)")
 	fs.StringVarP(&selector, "selector", "l", "", "only nodes matching this label selector")
 	fs.StringArrayVar(&instances, "instance", nil, "only this instance (repeatable; default: every instance found)")
 	fs.StringVarP(&output, "output", "o", "table", "table or json")

@@ -246,8 +246,9 @@ func (c Config) alerts() []rule {
 			},
 		},
 		{
-			Alert:  AlertOwnerConflict,
-			Expr:   fmt.Sprintf(`max_over_time(image_prefetcher_owner_conflict{%s}[%s]) == 1`, sel, promDuration(ownerConflictWindow)),
+			Alert: AlertOwnerConflict,
+			Expr: fmt.Sprintf(`max_over_time(image_prefetcher_owner_conflict{%s}[%s]) == 1`,
+				sel, promDuration(ownerConflictWindow)),
 			Labels: labels("warning"),
 			Annotations: map[string]string{
 				"summary":     fmt.Sprintf("The node key %s on {{ $labels.node }} belongs to another instance than %s/%s", key, c.Namespace, c.Name),

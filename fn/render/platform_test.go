@@ -244,7 +244,9 @@ func TestMonitoringObjectsDecodeStrictly(t *testing.T) {
 			t.Errorf("%s lacks severity, summary or description", r.Alert)
 		}
 	}
-	for _, a := range []string{AlertNodeNotSucceeded, AlertImageFailingEverywhere, AlertSlotStarvation, AlertLabelConflict, AlertOwnerConflict} {
+	for _, a := range []string{
+		AlertNodeNotSucceeded, AlertImageFailingEverywhere, AlertSlotStarvation, AlertLabelConflict, AlertOwnerConflict,
+	} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("no alert %s", a)
 		}

@@ -248,7 +248,8 @@ func testAlerts(t *testing.T, rules []byte, s Scrapes) {
 			input: seriesOf(t, "node-1", segment{s.Succeeded, 10}, segment{s.OwnerConflict, 20}, segment{s.Succeeded, 40}),
 			checks: []alertCheck{
 				{minute(5), render.AlertOwnerConflict, nil},
-				{minute(15), render.AlertOwnerConflict, []string{expect(render.AlertOwnerConflict, targetMap("node-1"), "node-1", "")}},
+				{minute(15), render.AlertOwnerConflict,
+					[]string{expect(render.AlertOwnerConflict, targetMap("node-1"), "node-1", "")}},
 				{minute(65), render.AlertOwnerConflict, nil},
 			},
 		},

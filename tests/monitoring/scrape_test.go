@@ -164,7 +164,9 @@ func takeScrapes(t *testing.T, agentBin string) Scrapes {
 	if _, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s.OwnerConflict = waitScrape("an owner conflict", func(m Scrape) bool { return m["image_prefetcher_owner_conflict"] == 1 })
+	s.OwnerConflict = waitScrape("an owner conflict", func(m Scrape) bool {
+		return m["image_prefetcher_owner_conflict"] == 1
+	})
 	stop(w)
 	// The next agent starts on a free key, as on a node nobody labelled.
 	patch = fmt.Appendf(nil, `{"metadata":{"labels":{%[1]q:null},"annotations":{%[1]q:null}}}`, v1alpha1.NodeKey(instance))
