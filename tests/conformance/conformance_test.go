@@ -342,6 +342,9 @@ func (r renderer) batch(t *testing.T, rows []*row, outcomes map[*row]*outcome, f
 			continue
 		}
 		ref, rest, _ := strings.Cut(rest, ": ")
+		// Under kustomize the function names the file after the object:
+		// "<ns>/<name> (<file>)".
+		ref, _, _ = strings.Cut(ref, " (")
 		path, _, _ := strings.Cut(rest, ": ")
 		rw := rows[0]
 		if len(rows) > 1 {
