@@ -49,6 +49,16 @@ func TestUninstallEverythingAtOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := node(t)
 			dep := deployQuickstart(t)
+			// The list's images go with the test: the GC tests that follow
+			// count what the kubelet removes (a fresh-clone run saw it remove
+			// these, unpinned by the uninstall).
+			t.Cleanup(func() {
+				for _, ref := range dep.Images {
+					if err := rt.n.Remove(context.Background(), ref); err != nil {
+						t.Error(err)
+					}
+				}
+			})
 			cs, err := c.Clientset()
 			if err != nil {
 				t.Fatal(err)
