@@ -118,21 +118,6 @@ func TestGCIsNotFought(t *testing.T) {
 		return len(reasons)
 	}
 
-	// gcPass pulls the unlisted filler: the eviction manager's image GC
-	// removes it and every unused image, then the pressure clears.
-	gcPass := func(i int) {
-		t.Helper()
-		if err := node.Pull(ctx, "ghcr.io/e2e/gc-filler:v1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := cluster.Poll(ctx, 100*time.Millisecond, "the GC pass", func() (bool, string) {
-			there, err := node.HasImage(ctx, "ghcr.io/e2e/gc-filler:v1")
-			return err == nil && !there, fmt.Sprintf("filler still there (%v)", err)
-		}); err != nil {
-			c.DumpLogs(t)
-			t.Fatalf("pass %d: %v", i, err)
-		}
-	}
 	// wantFailed waits until the reason was want since the pass began
 	// (from: seen() then), or is want now (a label already failed that the
 	// pass leaves as it is).
@@ -162,16 +147,16 @@ func TestGCIsNotFought(t *testing.T) {
 	}
 
 	from := seen()
-	gcPass(1)
+	gcPass(ctx, t, node, 1)
 	wantFailed(1, pull.ReasonRemoved, from)
 	if _, err := c.WaitNode(ctx, node.Name, func(n *corev1.Node) bool { return n.Labels[key] == "succeeded" }); err != nil {
 		t.Fatalf("the first removal is not repaired: %v", err)
 	}
 	from = seen()
-	gcPass(2)
+	gcPass(ctx, t, node, 2)
 	wantFailed(2, pull.ReasonRemovedByGC, from)
 	from = seen()
-	gcPass(3)
+	gcPass(ctx, t, node, 3)
 	wantFailed(3, pull.ReasonRemovedByGC, from)
 
 	again := blobGets() - first
@@ -264,21 +249,8 @@ func TestGCHoldOutlivesThePod(t *testing.T) {
 			first[r] = downloads(r)
 		}
 	}
-	gcPass := func(i int) {
-		t.Helper()
-		if err := node.Pull(ctx, "ghcr.io/e2e/gc-filler:v1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := cluster.Poll(ctx, 100*time.Millisecond, "the GC pass", func() (bool, string) {
-			there, err := node.HasImage(ctx, "ghcr.io/e2e/gc-filler:v1")
-			return err == nil && !there, fmt.Sprintf("filler still there (%v)", err)
-		}); err != nil {
-			c.DumpLogs(t)
-			t.Fatalf("pass %d: %v", i, err)
-		}
-	}
 
-	gcPass(1)
+	gcPass(ctx, t, node, 1)
 	// Repaired, and the history recorded on the node: three images
 	// removed once and pulled back.
 	waitAll("pass 1 repaired and recorded", func(n *corev1.Node, in *instance) bool {
@@ -324,7 +296,7 @@ func TestGCHoldOutlivesThePod(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gcPass(2)
+	gcPass(ctx, t, node, 2)
 	waitAll("pass 2 held back", func(n *corev1.Node, in *instance) bool {
 		s := summary(n, in)
 		return len(s.Failed) == len(in.refs) &&
@@ -341,5 +313,21 @@ func TestGCHoldOutlivesThePod(t *testing.T) {
 				t.Errorf("%s: %d blob GETs after the first download (%d): want at most one download again", r, again, first[r])
 			}
 		}
+	}
+}
+
+// gcPass pulls the unlisted filler: the eviction manager's image GC
+// removes it and every unused image, then the pressure clears.
+func gcPass(ctx context.Context, t *testing.T, node *cluster.Node, i int) {
+	t.Helper()
+	if err := node.Pull(ctx, "ghcr.io/e2e/gc-filler:v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Poll(ctx, 100*time.Millisecond, "the GC pass", func() (bool, string) {
+		there, err := node.HasImage(ctx, "ghcr.io/e2e/gc-filler:v1")
+		return err == nil && !there, fmt.Sprintf("filler still there (%v)", err)
+	}); err != nil {
+		c.DumpLogs(t)
+		t.Fatalf("pass %d: %v", i, err)
 	}
 }
