@@ -476,7 +476,17 @@ func checkOCILayouts(ctx context.Context, t *testing.T, c *cluster.Cluster, cri 
 			t.Errorf("%s run with `version`: phase %s (%v); status %+v", x.ref, phase, err, p.Status.ContainerStatuses)
 			continue
 		}
-		logs, err := cs.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: "main"}).DoRaw(ctx)
+		// containerd's shim copies the output into the log file on its own:
+		// a container can be reported exited before the copy is done (a
+		// fresh-clone run read an empty log), so the log is read until it
+		// has a line, for at most 15 s.
+		var logs []byte
+		lctx, lcancel := context.WithTimeout(ctx, 15*time.Second)
+		_ = cluster.Poll(lctx, 200*time.Millisecond, "the version in the log", func() (bool, string) {
+			logs, err = cs.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: "main"}).DoRaw(lctx)
+			return err == nil && strings.TrimSpace(string(logs)) != "", fmt.Sprintf("log %q (%v)", logs, err)
+		})
+		lcancel()
 		if err != nil || strings.TrimSpace(string(logs)) != strings.TrimSpace(string(wantVersion)) {
 			t.Errorf("%s `version` printed %q (%v), want %q", x.ref, logs, err, strings.TrimSpace(string(wantVersion)))
 		}
