@@ -21,6 +21,15 @@ func TestStallAfterAndRange(t *testing.T) {
 	if got := f.stalledGet(t, 500*time.Millisecond); len(got) != after {
 		t.Fatalf("read %d bytes before the stall, want %d", len(got), after)
 	}
+	// The server logs a request when its handler returns, which for the
+	// stalled one is when it notices the client left: wait for that entry,
+	// or the ranged GET below can be logged first.
+	for deadline := time.Now().Add(5 * time.Second); len(f.reg.Requests(registry.Match{Kind: registry.Blobs})) < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled GET was not logged within 5 s of the client leaving")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 
 	req, _ := http.NewRequest(http.MethodGet, blob, nil)
 	req.Header.Set("Range", "bytes=102400-")
