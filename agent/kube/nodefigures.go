@@ -37,8 +37,6 @@ type NodeFigures struct {
 	busy    bool
 	next    time.Time
 	backoff time.Duration
-	// done is closed and replaced after each read, for tests.
-	done chan struct{}
 }
 
 // errNoReadingYet is the figures' error before the first read ended.
@@ -54,7 +52,7 @@ func NewNodeFigures(ctx context.Context, connect func(context.Context) (*Kubelet
 	return &NodeFigures{
 		MaxAge: 2 * time.Second, MaxStale: 10 * time.Second,
 		MinBackoff: time.Second, MaxBackoff: 30 * time.Second,
-		ctx: ctx, connect: connect, err: errNoReadingYet, done: make(chan struct{}),
+		ctx: ctx, connect: connect, err: errNoReadingYet,
 	}
 }
 
@@ -116,13 +114,4 @@ func (f *NodeFigures) refresh() {
 		f.backoff = min(max(2*f.backoff, f.MinBackoff), f.MaxBackoff)
 		f.next = time.Now().Add(f.backoff)
 	}
-	close(f.done)
-	f.done = make(chan struct{})
-}
-
-// read waits for the next read to end, for tests.
-func (f *NodeFigures) read() <-chan struct{} {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.done
 }
