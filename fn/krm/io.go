@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"fmt"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/kio"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
 // Run reads a ResourceList, expands the ImagePrefetchers in it and writes
 // the result.
-func Run(in []byte) ([]byte, fn.Results, error) {
+func Run(in []byte) ([]byte, framework.Results, error) {
 	out, results, _, err := RunInvoked(in)
 	return out, results, err
 }
@@ -25,7 +25,7 @@ func Run(in []byte) ([]byte, fn.Results, error) {
 // framework.Execute: its ReconcileInternalAnnotations drops the path and
 // index this function puts on new objects for kpt (12 of the 33 render
 // goldens came out without them).
-func RunInvoked(in []byte) ([]byte, fn.Results, Invoker, error) {
+func RunInvoked(in []byte) ([]byte, framework.Results, Invoker, error) {
 	var out bytes.Buffer
 	rw := &kio.ByteReadWriter{Reader: bytes.NewReader(in), Writer: &out, OmitReaderAnnotations: true, KeepReaderAnnotations: true}
 	items, err := rw.Read()

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -247,7 +248,7 @@ func TestOwnership(t *testing.T) {
 			if tc.wantInfo != "" {
 				found := false
 				for _, r := range results {
-					found = found || r.Severity != fn.Error && r.Message == tc.wantInfo
+					found = found || r.Severity != framework.Error && r.Message == tc.wantInfo
 				}
 				if !found {
 					t.Errorf("no info result %q in %v", tc.wantInfo, results)
