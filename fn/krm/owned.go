@@ -69,11 +69,7 @@ func ownerOf(n *yaml.RNode) (instance, bool) {
 
 // pathOf is the package file kpt read n from, or "".
 func pathOf(n *yaml.RNode) string {
-	a := n.GetAnnotations()
-	p := a[pathAnnotation]
-	if p == "" {
-		p = a[legacyPath]
-	}
+	p := n.GetAnnotations()[pathAnnotation]
 	if p == "" {
 		return ""
 	}

@@ -30,7 +30,8 @@ func kptIP(ns, name, file string) string {
 }
 
 // kustomizeIP is an ImagePrefetcher item as kustomize passes it to a
-// transformer.
+// transformer: with kustomize's id and an index, in both forms (kustomize
+// v5.8.2 numbers the items; one index is enough here).
 func kustomizeIP(ns, name string) string {
 	return fmt.Sprintf(`- apiVersion: image-prefetcher.stackrox.io/v1alpha1
   kind: ImagePrefetcher
@@ -44,6 +45,8 @@ func kustomizeIP(ns, name string) string {
         name: %[1]s
         namespace: %[2]s
         version: v1alpha1
+      config.kubernetes.io/index: '0'
+      internal.config.kubernetes.io/index: '0'
   spec:
     images: [debian:bookworm]
 `, name, ns)

@@ -25,7 +25,6 @@ const (
 	NeedsHashAnnotation = "kustomize.config.k8s.io/needs-hash"
 	pathAnnotation      = string(kioutil.PathAnnotation)
 	indexAnnotation     = string(kioutil.IndexAnnotation)
-	legacyPath          = string(kioutil.LegacyPathAnnotation)
 	// previousNames is how kustomize tells a function what an object was
 	// called before namePrefix/nameSuffix renamed it.
 	previousNames = "internal.config.kubernetes.io/previousNames"
@@ -358,12 +357,11 @@ func refOf(n *yaml.RNode) *yaml.ResourceIdentifier {
 	}
 }
 
+// fileOf is where kpt read n from, or nil. (framework.Execute copies the
+// config.kubernetes.io/ form of the path and index to the internal one.)
 func fileOf(n *yaml.RNode) *framework.File {
 	a := n.GetAnnotations()
 	p := a[pathAnnotation]
-	if p == "" {
-		p = a[legacyPath]
-	}
 	if p == "" {
 		return nil
 	}
@@ -397,7 +395,9 @@ func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]
 		return nil, results
 	}
 	// Without metadata there is no instance to name; the findings about
-	// its name and namespace would name an empty reference.
+	// its name and namespace would name an empty reference. (Only a
+	// functionConfig gets here: framework.Execute gives every item
+	// metadata.)
 	if md, _ := src.Pipe(yaml.Lookup("metadata")); md.IsNilOrEmpty() {
 		add(framework.Results{fieldError("metadata", "is required: it holds the instance's name and namespace, metadata: {name: <instance>, namespace: <namespace of its agents>}")})
 		return nil, results
