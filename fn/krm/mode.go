@@ -6,8 +6,11 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/kustomizeid"
 )
 
 // invokedAsGenerator tells, from how the function was called, whether
@@ -53,6 +56,14 @@ func explain(rs framework.Results, src *yaml.RNode, items []*yaml.RNode, generat
 			continue
 		}
 		switch r.Field.Path {
+		case "metadata.name":
+			// A name kustomize lengthened before the function ran
+			// (namePrefix or nameSuffix of the kustomization that lists
+			// it): say where the extra characters came from.
+			orig := kustomizeid.Original(src).Name
+			if len(src.GetName()) > validation.DNS1123LabelMaxLength && orig != src.GetName() {
+				r.Message += fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, so shorten the name or the prefix/suffix", orig)
+			}
 		case "metadata.namespace":
 			if generator && src.GetNamespace() == "" {
 				r.Message += "; in generator mode, a kustomization's namespace: never reaches the generator's config (kustomize applies it to the output afterwards), so set metadata.namespace in the ImagePrefetcher itself"

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/kustomizeid"
 	"github.com/image-prefetcher/image-prefetcher/fn/render"
 	"github.com/image-prefetcher/image-prefetcher/fn/workloads"
 )
@@ -25,9 +26,6 @@ const (
 	NeedsHashAnnotation = "kustomize.config.k8s.io/needs-hash"
 	pathAnnotation      = string(kioutil.PathAnnotation)
 	indexAnnotation     = string(kioutil.IndexAnnotation)
-	// previousNames is how kustomize tells a function what an object was
-	// called before namePrefix/nameSuffix renamed it.
-	previousNames = "internal.config.kubernetes.io/previousNames"
 )
 
 type id struct{ apiVersion, kind, namespace, name string }
@@ -445,15 +443,11 @@ func configMapLookup(items []*yaml.RNode) render.ConfigMapLookup {
 			if it.GetKind() != "ConfigMap" || it.GetApiVersion() != "v1" {
 				continue
 			}
-			// kustomize lists every earlier name, one per layer that renamed
+			// kustomize keeps every earlier name, one per layer that renamed
 			// it: a reference may use any of them.
-			names := []string{it.GetName()}
-			if prev := it.GetAnnotations()[previousNames]; prev != "" {
-				names = append(names, strings.Split(prev, ",")...)
-			}
-			match := false
-			for _, n := range names {
-				match = match || n == name
+			match := it.GetName() == name
+			for _, id := range kustomizeid.Previous(it) {
+				match = match || id.Name == name
 			}
 			if !match {
 				continue

@@ -21,10 +21,6 @@ import (
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
 )
 
-// previousNamesAnnotation is how kustomize tells a function what an object
-// was called before namePrefix/nameSuffix renamed it.
-const previousNamesAnnotation = "internal.config.kubernetes.io/previousNames"
-
 // Limits that keep the rendered objects reasonable.
 const (
 	maxParallelism        = 64
@@ -131,7 +127,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, framewo
 	case c.Name == "":
 		p = append(p, errorf("metadata.name", "is required: it names the instance"))
 	case len(c.Name) > validation.DNS1123LabelMaxLength:
-		p = append(p, errorf("metadata.name", "%q is %d characters long, above the %d an instance name may have: it becomes the last segment of the node label key %s%s", c.Name, len(c.Name), validation.DNS1123LabelMaxLength, v1alpha1.NodeKey("<name>"), renamedBy(ip)))
+		p = append(p, errorf("metadata.name", "%q is %d characters long, above the %d an instance name may have: it becomes the last segment of the node label key %s", c.Name, len(c.Name), validation.DNS1123LabelMaxLength, v1alpha1.NodeKey("<name>")))
 	case len(validation.IsDNS1123Label(c.Name)) > 0 || len(validation.IsQualifiedName(c.Name)) > 0:
 		p = append(p, errorf("metadata.name", "%q is not a valid instance name: it becomes the node label key %s, so it must be a label name segment of at most 63 characters, and it names Kubernetes objects, so only lowercase letters, digits and '-' are allowed, starting and ending with a letter or digit", c.Name, v1alpha1.NodeKey(c.Name)))
 	}
@@ -327,18 +323,6 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, framewo
 		p = append(p, c.checkListSize(s)...)
 	}
 	return c, p
-}
-
-// renamedBy explains, for an instance name kustomize changed before the
-// function ran (namePrefix or nameSuffix in the kustomization that lists
-// the function), where the extra characters came from.
-func renamedBy(ip *v1alpha1.ImagePrefetcher) string {
-	prev := ip.Metadata.Annotations[previousNamesAnnotation]
-	if prev == "" {
-		return ""
-	}
-	orig, _, _ := strings.Cut(prev, ",")
-	return fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, so shorten the name or the prefix/suffix", orig)
 }
 
 func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) framework.Results {

@@ -268,7 +268,8 @@ var errorCases = []struct {
 	// Messages that name the value and the fix.
 	{name: "node-selector-bool-value", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    gpu: true\n"},
 	{name: "parallelism-int32-overflow", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 2147483648\n"},
-	{name: "name-too-long-after-name-prefix", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: production-eu-west-1-" + strings.Repeat("x", 50) + "\n  namespace: prefetch\n  annotations:\n    internal.config.kubernetes.io/previousNames: " + strings.Repeat("x", 50) + "\nspec:\n  images: [debian]\n", asItem: true},
+	{name: "name-too-long-after-name-prefix", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: production-eu-west-1-" + strings.Repeat("x", 50) + "\n  namespace: prefetch\n  annotations:\n    internal.config.kubernetes.io/previousNames: " + strings.Repeat("x", 50) +
+		"\n    internal.config.kubernetes.io/previousNamespaces: prefetch\n    internal.config.kubernetes.io/previousKinds: ImagePrefetcher\nspec:\n  images: [debian]\n", asItem: true},
 	{name: "generator-namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n",
 		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: demo\n    annotations:\n      config.kubernetes.io/local-config: 'true'\n  spec:\n    images: [debian]\n"},
 	{name: "configmap-other-namespace", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: images.txt}\n", asItem: true,
