@@ -62,7 +62,8 @@ func explain(rs framework.Results, src *yaml.RNode, items []*yaml.RNode, generat
 			// it): say where the extra characters came from.
 			orig := kustomizeid.Original(src).Name
 			if len(src.GetName()) > validation.DNS1123LabelMaxLength && orig != src.GetName() {
-				r.Message += fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, so shorten the name or the prefix/suffix", orig)
+				r.Message += fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, "+
+					"so shorten the name or the prefix/suffix", orig)
 			}
 		case "metadata.namespace":
 			if generator && src.GetNamespace() == "" {

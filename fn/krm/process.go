@@ -386,7 +386,8 @@ func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]
 			if r.ResourceRef == nil {
 				r.ResourceRef, r.File = refOf(src), fileOf(src)
 			} else if col != nil {
-				w := workloads.Ref{APIVersion: r.ResourceRef.APIVersion, Kind: r.ResourceRef.Kind, Namespace: r.ResourceRef.Namespace, Name: r.ResourceRef.Name}
+				ref := r.ResourceRef
+				w := workloads.Ref{APIVersion: ref.APIVersion, Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name}
 				if n := col.Node(w); n != nil {
 					r.File = fileOf(n)
 				}
@@ -403,7 +404,8 @@ func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]
 	// functionConfig gets here: framework.Execute gives every item
 	// metadata.)
 	if md, _ := src.Pipe(yaml.Lookup("metadata")); md.IsNilOrEmpty() {
-		add(framework.Results{fieldError("metadata", "is required: it holds the instance's name and namespace, metadata: {name: <instance>, namespace: <namespace of its agents>}")})
+		add(framework.Results{fieldError("metadata", "is required: it holds the instance's name and namespace, "+
+			"metadata: {name: <instance>, namespace: <namespace of its agents>}")})
 		return nil, results
 	}
 	ip, probs := render.Decode(src)

@@ -41,7 +41,8 @@ func TestIdentities(t *testing.T) {
 				}
 			}
 			n := yaml.MustParse(text)
-			if got := Current(n); got.Namespace+"/"+got.Name != "shop/prod-web" || got.Kind != "Deployment" || got.Group != "apps" {
+			got := Current(n)
+			if got.Namespace+"/"+got.Name != "shop/prod-web" || got.Kind != "Deployment" || got.Group != "apps" {
 				t.Errorf("Current = %v", got)
 			}
 			var prev []string

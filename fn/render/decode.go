@@ -25,12 +25,14 @@ import (
 
 // errorf is an error at path.
 func errorf(path, format string, args ...any) *framework.Result {
-	return &framework.Result{Severity: framework.Error, Field: &framework.Field{Path: path}, Message: fmt.Sprintf(format, args...)}
+	return &framework.Result{Severity: framework.Error, Field: &framework.Field{Path: path},
+		Message: fmt.Sprintf(format, args...)}
 }
 
 // warnf is a warning at path.
 func warnf(path, format string, args ...any) *framework.Result {
-	return &framework.Result{Severity: framework.Warning, Field: &framework.Field{Path: path}, Message: fmt.Sprintf(format, args...)}
+	return &framework.Result{Severity: framework.Warning, Field: &framework.Field{Path: path},
+		Message: fmt.Sprintf(format, args...)}
 }
 
 // Decode reads an ImagePrefetcher strictly: every field that the API does

@@ -78,7 +78,8 @@ template:
 // namespace only. Its original namespace is its current one, not
 // "default".
 func TestCollectNamespaceOfAnObjectNeverRenamed(t *testing.T) {
-	items, err := kio.FromBytes([]byte("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  namespace: shop\n" +
+	items, err := kio.FromBytes([]byte("apiVersion: apps/v1\nkind: Deployment\n" +
+		"metadata:\n  name: web\n  namespace: shop\n" +
 		"spec:\n  template:\n    spec:\n      containers:\n      - {name: web, image: web:1}\n"))
 	if err != nil {
 		t.Fatal(err)

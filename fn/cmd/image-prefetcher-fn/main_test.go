@@ -269,7 +269,8 @@ var errorCases = []struct {
 	{name: "node-selector-bool-value", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    gpu: true\n"},
 	{name: "parallelism-int32-overflow", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 2147483648\n"},
 	{name: "name-too-long-after-name-prefix", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: production-eu-west-1-" + strings.Repeat("x", 50) + "\n  namespace: prefetch\n  annotations:\n    internal.config.kubernetes.io/previousNames: " + strings.Repeat("x", 50) +
-		"\n    internal.config.kubernetes.io/previousNamespaces: prefetch\n    internal.config.kubernetes.io/previousKinds: ImagePrefetcher\nspec:\n  images: [debian]\n", asItem: true},
+		"\n    internal.config.kubernetes.io/previousNamespaces: prefetch" +
+		"\n    internal.config.kubernetes.io/previousKinds: ImagePrefetcher\nspec:\n  images: [debian]\n", asItem: true},
 	{name: "generator-namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n",
 		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: demo\n    annotations:\n      config.kubernetes.io/local-config: 'true'\n  spec:\n    images: [debian]\n"},
 	{name: "configmap-other-namespace", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: images.txt}\n", asItem: true,
@@ -598,9 +599,11 @@ func TestUnreadableInput(t *testing.T) {
 		{"not YAML", "items: [a\n", "failed to read ResourceList input: MalformedYAMLError"},
 		{"a List", "apiVersion: v1\nkind: List\nitems: []\n", `got kind "List", want ResourceList`},
 		{"an item that is not an object", rl + "items:\n- 5\n", "expected MappingNode but got ScalarNode"},
-		{"metadata that is not an object", rl + "items:\n- kind: A\n  metadata: 5\n", "expected MappingNode but got ScalarNode"},
+		{"metadata that is not an object", rl + "items:\n- kind: A\n  metadata: 5\n",
+			"expected MappingNode but got ScalarNode"},
 		{"an item in two files", rl + "items:\n- kind: A\n  metadata:\n    name: a\n    annotations:\n" +
-			"      config.kubernetes.io/path: a.yaml\n      internal.config.kubernetes.io/path: b.yaml\n", "mismatched legacy and internal path annotations"},
+			"      config.kubernetes.io/path: a.yaml\n      internal.config.kubernetes.io/path: b.yaml\n",
+			"mismatched legacy and internal path annotations"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
