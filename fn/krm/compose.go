@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/kio"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
@@ -40,14 +40,14 @@ func taintSources(items []*yaml.RNode, fc *yaml.RNode, declared map[instance]boo
 // against each other: layers rendered apart never saw each other's
 // startup taint, and a node that registers with both taints starts
 // neither agent when neither tolerates the other's taint.
-func siblingDeadlocks(out []*yaml.RNode, dropped []bool) fn.Results {
+func siblingDeadlocks(out []*yaml.RNode, dropped []bool) framework.Results {
 	var lower []*yaml.RNode
 	for i, it := range out {
 		if _, owned := ownerOf(it); owned && !dropped[i] && it.GetKind() == "DaemonSet" {
 			lower = append(lower, it)
 		}
 	}
-	var results fn.Results
+	var results framework.Results
 	for _, a := range lower {
 		ownerA, _ := ownerOf(a)
 		for _, b := range lower {
@@ -56,8 +56,8 @@ func siblingDeadlocks(out []*yaml.RNode, dropped []bool) fn.Results {
 				continue
 			}
 			for _, key := range render.Untolerated(a, render.StartupTaintKeys([]*yaml.RNode{b})) {
-				results = append(results, &fn.Result{Severity: fn.Error, ResourceRef: refOf(a), File: fileOf(a),
-					Field: &fn.Field{Path: "spec.template.spec.tolerations"},
+				results = append(results, &framework.Result{Severity: framework.Error, ResourceRef: refOf(a), File: fileOf(a),
+					Field: &framework.Field{Path: "spec.template.spec.tolerations"},
 					Message: fmt.Sprintf("rendered by a lower layer for ImagePrefetcher %s, which has a startup taint, does not tolerate %s, the startup taint "+
 						"of ImagePrefetcher %s (%s, rendered by another lower layer): on a node that registers with both taints this agent never starts "+
 						"before the other's taint goes, and if neither tolerates the other's, neither taint ever goes; "+
@@ -74,8 +74,8 @@ func siblingDeadlocks(out []*yaml.RNode, dropped []bool) fn.Results {
 // kind"); as a kustomize generator's configuration kustomize drops it, and
 // nothing would be deployed at all. (An ImagePrefetcher of an unknown
 // version is an error of its own, see expandOne.)
-func typoErrors(items []*yaml.RNode, fc *yaml.RNode, generator bool) fn.Results {
-	var rs fn.Results
+func typoErrors(items []*yaml.RNode, fc *yaml.RNode, generator bool) framework.Results {
+	var rs framework.Results
 	check := func(n *yaml.RNode, config bool) {
 		group, _, grouped := strings.Cut(n.GetApiVersion(), "/")
 		if !grouped {
@@ -95,7 +95,7 @@ func typoErrors(items []*yaml.RNode, fc *yaml.RNode, generator bool) fn.Results 
 		default:
 			return
 		}
-		rs = append(rs, &fn.Result{Severity: fn.Error, Message: msg, ResourceRef: refOf(n), File: fileOf(n), Field: &fn.Field{Path: field}})
+		rs = append(rs, &framework.Result{Severity: framework.Error, Message: msg, ResourceRef: refOf(n), File: fileOf(n), Field: &framework.Field{Path: field}})
 	}
 	for _, it := range items {
 		check(it, fc != nil && isEcho(it, fc))
@@ -123,7 +123,7 @@ func isEcho(it, fc *yaml.RNode) bool {
 // of its kustomization, and that file tells them apart: under
 // transformers:, kustomize would not add the ConfigMap's hash suffix and
 // would leave its needs-hash annotation for the cluster.
-func misplaced(items []*yaml.RNode, fc *yaml.RNode, kpt bool) *fn.Result {
+func misplaced(items []*yaml.RNode, fc *yaml.RNode, kpt bool) *framework.Result {
 	if kpt || fc == nil || len(items) == 0 || slices.ContainsFunc(items, func(it *yaml.RNode) bool { return !isEcho(it, fc) }) {
 		return nil
 	}
@@ -132,7 +132,7 @@ func misplaced(items []*yaml.RNode, fc *yaml.RNode, kpt bool) *fn.Result {
 		if group == v1alpha1.Group || strings.EqualFold(fc.GetKind(), v1alpha1.Kind) {
 			return nil // typoErrors says what is wrong
 		}
-		return &fn.Result{Severity: fn.Error, ResourceRef: refOf(fc), Field: &fn.Field{Path: "metadata.annotations.config.kubernetes.io/function"},
+		return &framework.Result{Severity: framework.Error, ResourceRef: refOf(fc), Field: &framework.Field{Path: "metadata.annotations.config.kubernetes.io/function"},
 			Message: "is image-prefetcher-fn's configuration, and kustomize gave the function nothing else, as it does to a function listed under " +
 				"generators: (or under transformers: of a kustomization without resources:): the function sees no ImagePrefetcher and would render nothing; " +
 				"list this file under transformers: of the kustomization whose resources: hold the ImagePrefetchers, " +
@@ -142,7 +142,7 @@ func misplaced(items []*yaml.RNode, fc *yaml.RNode, kpt bool) *fn.Result {
 	if !ok {
 		return nil
 	}
-	return &fn.Result{Severity: fn.Error, ResourceRef: refOf(fc), File: &fn.File{Path: file}, Field: &fn.Field{Path: "metadata.annotations.config.kubernetes.io/function"},
+	return &framework.Result{Severity: framework.Error, ResourceRef: refOf(fc), File: &framework.File{Path: file}, Field: &framework.Field{Path: "metadata.annotations.config.kubernetes.io/function"},
 		Message: "is listed under transformers: of a kustomization without resources:, so there is nothing to transform, and kustomize treats " +
 			"what it renders as transformed, not generated: the image list ConfigMap would get no hash suffix and keep kustomize.config.k8s.io/needs-hash; " +
 			"list it under generators: instead, or list it under resources: and the function under transformers:"}
@@ -225,12 +225,12 @@ func sameRendering(lower, now *yaml.RNode) bool {
 // nameSuffix added after the function never reaches the pod name: copies
 // under two suffixes would share one identity and overwrite each other's
 // node key. A prefix always does; so does a shorter instance name.
-func suffixWarnings(objs []*yaml.RNode) render.Problems {
+func suffixWarnings(objs []*yaml.RNode) framework.Results {
 	for _, o := range objs {
 		if o.GetKind() != "DaemonSet" || len(o.GetName()) < maxSuffixableDaemonSet {
 			continue
 		}
-		return render.Problems{{Severity: render.Warning, Path: "metadata.name", Message: fmt.Sprintf(
+		return framework.Results{{Severity: framework.Warning, Field: &framework.Field{Path: "metadata.name"}, Message: fmt.Sprintf(
 			"the DaemonSet %s has %d characters: a nameSuffix added after the function would be cut from its pods' names, "+
 				"so copies of this instance under different suffixes would share one identity; use a namePrefix for copies, "+
 				"or an instance name of at most %d characters", o.GetName(), len(o.GetName()), maxSuffixableDaemonSet-len("image-prefetcher-")-1)}}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -27,7 +28,7 @@ func TestSuffixWarning(t *testing.T) {
 		}
 		warned := false
 		for _, r := range results {
-			warned = warned || r.Severity == fn.Warning && strings.Contains(r.Message, "a nameSuffix added after the function would be cut")
+			warned = warned || r.Severity == framework.Warning && strings.Contains(r.Message, "a nameSuffix added after the function would be cut")
 		}
 		ds := "image-prefetcher-" + name
 		shared := v1alpha1.DaemonSetOfPod(podOf(ds+"-east")) == v1alpha1.DaemonSetOfPod(podOf(ds+"-west"))

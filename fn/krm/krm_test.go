@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -93,7 +94,7 @@ func TestRenderedAnnotationsLimit(t *testing.T) {
 		}
 		var paths []string
 		for _, r := range results {
-			if r.Severity == fn.Error && r.Field != nil {
+			if r.Severity == framework.Error && r.Field != nil {
 				paths = append(paths, r.Field.Path)
 			}
 		}

@@ -6,8 +6,11 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
+
+	"github.com/image-prefetcher/image-prefetcher/fn/kustomizeid"
 )
 
 // invokedAsGenerator tells, from how the function was called, whether
@@ -47,12 +50,21 @@ func expandConfig(fc *yaml.RNode, items []*yaml.RNode, expand func(*yaml.RNode) 
 
 // explain adds what only the function's caller can know to findings about
 // an ImagePrefetcher: how it was invoked, and what else is in the input.
-func explain(rs fn.Results, src *yaml.RNode, items []*yaml.RNode, generator bool) {
+func explain(rs framework.Results, src *yaml.RNode, items []*yaml.RNode, generator bool) {
 	for _, r := range rs {
-		if r.Severity != fn.Error || r.Field == nil {
+		if r.Severity != framework.Error || r.Field == nil {
 			continue
 		}
 		switch r.Field.Path {
+		case "metadata.name":
+			// A name kustomize lengthened before the function ran
+			// (namePrefix or nameSuffix of the kustomization that lists
+			// it): say where the extra characters came from.
+			orig := kustomizeid.Original(src).Name
+			if len(src.GetName()) > validation.DNS1123LabelMaxLength && orig != src.GetName() {
+				r.Message += fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, "+
+					"so shorten the name or the prefix/suffix", orig)
+			}
 		case "metadata.namespace":
 			if generator && src.GetNamespace() == "" {
 				r.Message += "; in generator mode, a kustomization's namespace: never reaches the generator's config (kustomize applies it to the output afterwards), so set metadata.namespace in the ImagePrefetcher itself"
@@ -88,7 +100,7 @@ const kptSelection = "internal.config.k8s.io/kpt-resource-id"
 // ConfigMaps and workloads an ImagePrefetcher reads, and to see every
 // instance it must check names against. It refuses rather than render a
 // part.
-func selectionRefused(items []*yaml.RNode, fc *yaml.RNode) *fn.Result {
+func selectionRefused(items []*yaml.RNode, fc *yaml.RNode) *framework.Result {
 	var ip *yaml.RNode
 	selected := false
 	for _, it := range items {
@@ -102,7 +114,7 @@ func selectionRefused(items []*yaml.RNode, fc *yaml.RNode) *fn.Result {
 	if !selected {
 		return nil
 	}
-	r := &fn.Result{Severity: fn.Error, Message: "kpt gave image-prefetcher-fn only the resources its step's selectors: or exclude: chose (kpt fn eval: --match-*, --exclude-*), " +
+	r := &framework.Result{Severity: framework.Error, Message: "kpt gave image-prefetcher-fn only the resources its step's selectors: or exclude: chose (kpt fn eval: --match-*, --exclude-*), " +
 		"but the function needs the whole package, to replace what it rendered before and to read the ConfigMaps and workloads an ImagePrefetcher names: " +
 		"remove selectors: and exclude: from the image-prefetcher-fn step; to render some instances only, give each its own step with configPath: (docs/integrations/kpt.md)"}
 	if ip == nil && fc != nil && isPrefetcher(fc) {

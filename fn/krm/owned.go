@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -69,11 +69,7 @@ func ownerOf(n *yaml.RNode) (instance, bool) {
 
 // pathOf is the package file kpt read n from, or "".
 func pathOf(n *yaml.RNode) string {
-	a := n.GetAnnotations()
-	p := a[pathAnnotation]
-	if p == "" {
-		p = a[legacyPath]
-	}
+	p := n.GetAnnotations()[pathAnnotation]
 	if p == "" {
 		return ""
 	}
@@ -85,42 +81,42 @@ func pathOf(n *yaml.RNode) string {
 // (there is no such API there), so it carries the local-config mark that
 // kpt live apply and kustomize honour; the function adds the mark when it
 // is missing and says so.
-func keepIntent(ip *yaml.RNode) (*yaml.RNode, *fn.Result) {
+func keepIntent(ip *yaml.RNode) (*yaml.RNode, *framework.Result) {
 	if v, set := ip.GetAnnotations()[localConfig]; set {
 		if v == "true" {
 			return ip, nil
 		}
-		return ip, &fn.Result{Severity: fn.Warning,
+		return ip, &framework.Result{Severity: framework.Warning,
 			Message:     fmt.Sprintf(`is %q: the ImagePrefetcher stays in the package as its intent, and kpt live apply would send it to a cluster that has no such API; set it to "true"`, v),
-			ResourceRef: refOf(ip), File: fileOf(ip), Field: &fn.Field{Path: "metadata.annotations." + localConfig}}
+			ResourceRef: refOf(ip), File: fileOf(ip), Field: &framework.Field{Path: "metadata.annotations." + localConfig}}
 	}
 	// A copy: the pass-through copies an unchanged item's input bytes, and
 	// this one changes.
 	marked := ip.Copy()
 	if err := marked.PipeE(yaml.SetAnnotation(localConfig, "true")); err != nil {
-		return ip, &fn.Result{Severity: fn.Error, Message: fmt.Sprintf("cannot mark the ImagePrefetcher as local-config: %v", err),
-			ResourceRef: refOf(ip), File: fileOf(ip), Field: &fn.Field{Path: "metadata.annotations"}}
+		return ip, &framework.Result{Severity: framework.Error, Message: fmt.Sprintf("cannot mark the ImagePrefetcher as local-config: %v", err),
+			ResourceRef: refOf(ip), File: fileOf(ip), Field: &framework.Field{Path: "metadata.annotations"}}
 	}
-	return marked, &fn.Result{Severity: fn.Info,
+	return marked, &framework.Result{Severity: framework.Info,
 		Message:     `added config.kubernetes.io/local-config: "true": the ImagePrefetcher is the intent this package renders from; it stays in the package and kpt live apply skips it`,
-		ResourceRef: refOf(ip), File: fileOf(ip), Field: &fn.Field{Path: "metadata.annotations"}}
+		ResourceRef: refOf(ip), File: fileOf(ip), Field: &framework.Field{Path: "metadata.annotations"}}
 }
 
 // removedResults tells, per instance, which objects of an earlier render
 // a run removed because the current intent no longer renders them. An
 // instance this run rendered is named as the result's resource; one that
 // is gone from the package only in the message.
-func removedResults(removed map[instance][]string, rendered map[instance]*yaml.RNode) fn.Results {
+func removedResults(removed map[instance][]string, rendered map[instance]*yaml.RNode) framework.Results {
 	owners := make([]instance, 0, len(removed))
 	for o := range removed {
 		owners = append(owners, o)
 	}
 	slices.SortFunc(owners, func(a, b instance) int { return strings.Compare(a.String(), b.String()) })
-	var results fn.Results
+	var results framework.Results
 	for _, o := range owners {
 		objs := removed[o]
 		slices.Sort(objs)
-		r := &fn.Result{Severity: fn.Info}
+		r := &framework.Result{Severity: framework.Info}
 		if src, ok := rendered[o]; ok {
 			r.Message = "removed what image-prefetcher-fn rendered earlier for this instance and no longer renders: " + strings.Join(objs, ", ")
 			r.ResourceRef, r.File = refOf(src), fileOf(src)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -29,7 +30,8 @@ func kptIP(ns, name, file string) string {
 }
 
 // kustomizeIP is an ImagePrefetcher item as kustomize passes it to a
-// transformer.
+// transformer: with kustomize's id and an index, in both forms (kustomize
+// v5.8.2 numbers the items; one index is enough here).
 func kustomizeIP(ns, name string) string {
 	return fmt.Sprintf(`- apiVersion: image-prefetcher.stackrox.io/v1alpha1
   kind: ImagePrefetcher
@@ -43,6 +45,8 @@ func kustomizeIP(ns, name string) string {
         name: %[1]s
         namespace: %[2]s
         version: v1alpha1
+      config.kubernetes.io/index: '0'
+      internal.config.kubernetes.io/index: '0'
   spec:
     images: [debian:bookworm]
 `, name, ns)
@@ -247,7 +251,7 @@ func TestOwnership(t *testing.T) {
 			if tc.wantInfo != "" {
 				found := false
 				for _, r := range results {
-					found = found || r.Severity != fn.Error && r.Message == tc.wantInfo
+					found = found || r.Severity != framework.Error && r.Message == tc.wantInfo
 				}
 				if !found {
 					t.Errorf("no info result %q in %v", tc.wantInfo, results)

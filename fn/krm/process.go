@@ -9,11 +9,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/kio/kioutil"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/kustomizeid"
 	"github.com/image-prefetcher/image-prefetcher/fn/render"
 	"github.com/image-prefetcher/image-prefetcher/fn/workloads"
 )
@@ -25,10 +26,6 @@ const (
 	NeedsHashAnnotation = "kustomize.config.k8s.io/needs-hash"
 	pathAnnotation      = string(kioutil.PathAnnotation)
 	indexAnnotation     = string(kioutil.IndexAnnotation)
-	legacyPath          = string(kioutil.LegacyPathAnnotation)
-	// previousNames is how kustomize tells a function what an object was
-	// called before namePrefix/nameSuffix renamed it.
-	previousNames = "internal.config.kubernetes.io/previousNames"
 )
 
 type id struct{ apiVersion, kind, namespace, name string }
@@ -81,11 +78,11 @@ type expansion struct {
 // the package is removed too. Objects without the mark are never touched.
 //
 // When a result is an error, the items are returned as they came.
-func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, fn.Results) {
-	var results fn.Results
+func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, framework.Results) {
+	var results framework.Results
 	kpt := by == Kpt
 	if r := selectionRefused(items, fc); kpt && r != nil {
-		return items, fn.Results{r}
+		return items, framework.Results{r}
 	}
 	fcIsIP := fc != nil && isPrefetcher(fc)
 	generator := fcIsIP && !kpt && invokedAsGenerator(items, fc)
@@ -143,8 +140,8 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 			for _, o := range e.objs {
 				if o.GetKind() == "ConfigMap" {
 					if err := o.PipeE(yaml.SetAnnotation(NeedsHashAnnotation, "true")); err != nil {
-						results = append(results, &fn.Result{Severity: fn.Error, Message: fmt.Sprintf("cannot mark the rendered ConfigMap for kustomize's hash suffix: %v", err),
-							ResourceRef: refOf(o), Field: &fn.Field{Path: "metadata.annotations"}})
+						results = append(results, &framework.Result{Severity: framework.Error, Message: fmt.Sprintf("cannot mark the rendered ConfigMap for kustomize's hash suffix: %v", err),
+							ResourceRef: refOf(o), Field: &framework.Field{Path: "metadata.annotations"}})
 					}
 				}
 			}
@@ -272,7 +269,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 			// A lower layer rendered it without knowing this run's instances.
 			for _, e := range exps {
 				for _, key := range render.Untolerated(it, render.StartupTaintKeys([]*yaml.RNode{e.source})) {
-					results = append(results, &fn.Result{Severity: fn.Error, ResourceRef: refOf(it), File: fileOf(it), Field: &fn.Field{Path: "spec.template.spec.tolerations"},
+					results = append(results, &framework.Result{Severity: framework.Error, ResourceRef: refOf(it), File: fileOf(it), Field: &framework.Field{Path: "spec.template.spec.tolerations"},
 						Message: fmt.Sprintf("rendered by a lower layer for ImagePrefetcher %s, which has a startup taint, does not tolerate %s, the startup taint of ImagePrefetcher %s: on a node that registers with both, neither agent starts and neither taint goes; add {key: %s, operator: Exists} to the spec.tolerations of %s", owner, key, instanceOf(e.source), key, owner)})
 				}
 			}
@@ -314,7 +311,7 @@ func expandAll(items []*yaml.RNode, fc *yaml.RNode, by Invoker) ([]*yaml.RNode, 
 	return final, results
 }
 
-func appendResult(rs fn.Results, r *fn.Result) fn.Results {
+func appendResult(rs framework.Results, r *framework.Result) framework.Results {
 	if r == nil {
 		return rs
 	}
@@ -335,6 +332,12 @@ func isLegacyRendering(it, src *yaml.RNode) bool {
 // like the cluster-scoped objects: image-prefetcher.<namespace>.<name>.yaml,
 // unique per instance because neither part can hold a '.'. kustomize
 // strips these annotations.
+//
+// Not kyaml's filters.FileSetter: its FilenamePattern takes %k, %n and %s
+// from each object's own kind, name and namespace, and it substitutes them
+// in the whole path. With the instance's file as the pattern, a package
+// directory named team%site put the 9 objects of one instance into
+// teamite/ and teamprefetchite/ (measured); it would save two lines.
 func setPaths(e *expansion, place *yaml.RNode) {
 	dir := path.Dir(pathOf(place))
 	e.file = path.Join(dir, render.NamesFor(e.source.GetNamespace(), e.source.GetName()).Cluster+".yaml")
@@ -347,64 +350,67 @@ func setPaths(e *expansion, place *yaml.RNode) {
 // conflict is an error about the names an ImagePrefetcher renders. Those
 // names derive from its metadata.name (and namespace), so that is the field
 // to change; the message names the other object.
-func conflict(src *yaml.RNode, msg string) *fn.Result {
-	return &fn.Result{Severity: fn.Error, Message: msg, ResourceRef: refOf(src), File: fileOf(src), Field: &fn.Field{Path: "metadata.name"}}
+func conflict(src *yaml.RNode, msg string) *framework.Result {
+	return &framework.Result{Severity: framework.Error, Message: msg, ResourceRef: refOf(src), File: fileOf(src), Field: &framework.Field{Path: "metadata.name"}}
 }
 
-func refOf(n *yaml.RNode) *fn.ResourceRef {
-	return &fn.ResourceRef{APIVersion: n.GetApiVersion(), Kind: n.GetKind(), Name: n.GetName(), Namespace: n.GetNamespace()}
+func refOf(n *yaml.RNode) *yaml.ResourceIdentifier {
+	return &yaml.ResourceIdentifier{
+		TypeMeta: yaml.TypeMeta{APIVersion: n.GetApiVersion(), Kind: n.GetKind()},
+		NameMeta: yaml.NameMeta{Name: n.GetName(), Namespace: n.GetNamespace()},
+	}
 }
 
-func fileOf(n *yaml.RNode) *fn.File {
+// fileOf is where kpt read n from, or nil. (framework.Execute copies the
+// config.kubernetes.io/ form of the path and index to the internal one.)
+func fileOf(n *yaml.RNode) *framework.File {
 	a := n.GetAnnotations()
 	p := a[pathAnnotation]
-	if p == "" {
-		p = a[legacyPath]
-	}
 	if p == "" {
 		return nil
 	}
 	idx, _ := strconv.Atoi(a[indexAnnotation])
-	return &fn.File{Path: p, Index: idx}
+	return &framework.File{Path: p, Index: idx}
 }
 
 // expandOne decodes, validates and renders one ImagePrefetcher. items are
 // the objects its spec.imageListFrom.workloads selects from; nil when the
 // function cannot see them.
-func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]*yaml.RNode, fn.Results) {
-	var results fn.Results
+func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]*yaml.RNode, framework.Results) {
+	var results framework.Results
 	var col *workloads.Collection
-	add := func(ps render.Problems) {
-		for _, p := range ps {
-			r := &fn.Result{Severity: fn.Severity(p.Severity), Message: p.Message, ResourceRef: refOf(src), File: fileOf(src)}
-			if p.Object != nil {
-				// A finding about a selected workload points at it.
-				o := p.Object
-				r.ResourceRef = &fn.ResourceRef{APIVersion: o.APIVersion, Kind: o.Kind, Namespace: o.Namespace, Name: o.Name}
-				r.File = nil
-				if col != nil && col.Node(*o) != nil {
-					r.File = fileOf(col.Node(*o))
+	// render's findings name a field of src, or of a workload it selected
+	// (ResourceRef set); they are told where the object is.
+	add := func(rs framework.Results) {
+		for _, r := range rs {
+			if r.ResourceRef == nil {
+				r.ResourceRef, r.File = refOf(src), fileOf(src)
+			} else if col != nil {
+				ref := r.ResourceRef
+				w := workloads.Ref{APIVersion: ref.APIVersion, Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name}
+				if n := col.Node(w); n != nil {
+					r.File = fileOf(n)
 				}
-			}
-			if p.Path != "" {
-				r.Field = &fn.Field{Path: p.Path}
 			}
 			results = append(results, r)
 		}
 	}
 	if v := src.GetApiVersion(); v != v1alpha1.APIVersion {
-		add(render.Problems{{Severity: render.Error, Path: "apiVersion", Message: fmt.Sprintf("%q is not supported: use %s", v, v1alpha1.APIVersion)}})
+		add(framework.Results{fieldError("apiVersion", fmt.Sprintf("%q is not supported: use %s", v, v1alpha1.APIVersion))})
 		return nil, results
 	}
 	// Without metadata there is no instance to name; the findings about
-	// its name and namespace would name an empty reference.
+	// its name and namespace would name an empty reference. (Only a
+	// functionConfig gets here: framework.Execute gives every item
+	// metadata.)
 	if md, _ := src.Pipe(yaml.Lookup("metadata")); md.IsNilOrEmpty() {
-		add(render.Problems{{Severity: render.Error, Path: "metadata", Message: "is required: it holds the instance's name and namespace, metadata: {name: <instance>, namespace: <namespace of its agents>}"}})
+		add(framework.Results{fieldError("metadata", "is required: it holds the instance's name and namespace, "+
+			"metadata: {name: <instance>, namespace: <namespace of its agents>}")})
 		return nil, results
 	}
 	ip, probs := render.Decode(src)
 	add(probs)
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		return nil, results
 	}
 	if lf := ip.Spec.ImageListFrom; lf != nil && lf.Workloads != nil && items != nil {
@@ -413,22 +419,27 @@ func expandOne(src *yaml.RNode, sources render.Sources, items []*yaml.RNode) ([]
 	}
 	cfg, probs := render.ValidateSources(ip, sources)
 	add(probs)
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		return nil, results
 	}
 	objs, err := render.Render(cfg)
 	if err != nil {
 		// A bug, not bad input: Validate accepted the spec.
-		add(render.Problems{{Severity: render.Error, Path: "spec", Message: "internal error, please report it: " + err.Error()}})
+		add(framework.Results{fieldError("spec", "internal error, please report it: "+err.Error())})
 		return nil, results
 	}
 	markRendered(objs, src)
-	if probs := render.CheckRenderedAnnotations(objs); probs.HasErrors() {
+	if probs := render.CheckRenderedAnnotations(objs); probs.ExitCode() != 0 {
 		add(probs)
 		return nil, results
 	}
 	add(suffixWarnings(objs))
 	return objs, results
+}
+
+// fieldError is an error at the field path of the object it is added to.
+func fieldError(path, msg string) *framework.Result {
+	return &framework.Result{Severity: framework.Error, Message: msg, Field: &framework.Field{Path: path}}
 }
 
 // configMapLookup finds ConfigMaps among the items, by their current name
@@ -440,15 +451,11 @@ func configMapLookup(items []*yaml.RNode) render.ConfigMapLookup {
 			if it.GetKind() != "ConfigMap" || it.GetApiVersion() != "v1" {
 				continue
 			}
-			// kustomize lists every earlier name, one per layer that renamed
+			// kustomize keeps every earlier name, one per layer that renamed
 			// it: a reference may use any of them.
-			names := []string{it.GetName()}
-			if prev := it.GetAnnotations()[previousNames]; prev != "" {
-				names = append(names, strings.Split(prev, ",")...)
-			}
-			match := false
-			for _, n := range names {
-				match = match || n == name
+			match := it.GetName() == name
+			for _, id := range kustomizeid.Previous(it) {
+				match = match || id.Name == name
 			}
 			if !match {
 				continue

@@ -3,7 +3,7 @@ package krm
 import (
 	"fmt"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -18,8 +18,8 @@ import (
 // (kpt re-renders or removes what it rendered before). Two renamed copies
 // of one rendering (a namePrefix or nameSuffix above it) share one
 // instance in the same way, and are refused too.
-func sameNames(exps []*expansion, items []*yaml.RNode, kpt bool) fn.Results {
-	var results fn.Results
+func sameNames(exps []*expansion, items []*yaml.RNode, kpt bool) framework.Results {
+	var results framework.Results
 	first := map[string]*yaml.RNode{}
 	for _, e := range exps {
 		name := e.source.GetName()
@@ -54,7 +54,7 @@ func sameNames(exps []*expansion, items []*yaml.RNode, kpt bool) fn.Results {
 		}
 		if prev, dup := daemonSets[owner]; dup && prev.GetName() != it.GetName() {
 			reported[owner] = true
-			results = append(results, &fn.Result{Severity: fn.Error, ResourceRef: refOf(it), File: fileOf(it), Field: &fn.Field{Path: "metadata.name"}, Message: fmt.Sprintf(
+			results = append(results, &framework.Result{Severity: framework.Error, ResourceRef: refOf(it), File: fileOf(it), Field: &framework.Field{Path: "metadata.name"}, Message: fmt.Sprintf(
 				"%s and %s are both what image-prefetcher-fn rendered for ImagePrefetcher %s, renamed after rendering (namePrefix or nameSuffix): the copies share that instance's node key %s and admission policy, and their agents overwrite each other's list; give each copy an ImagePrefetcher of its own name and render it there",
 				idOf(prev), idOf(it), owner, v1alpha1.NodeKey(owner.name))})
 		}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 )
 
 // TestSameNameIsAnError: instances of one name share the node key, so two
@@ -42,9 +42,9 @@ func TestSameNameIsAnError(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var errs []*fn.Result
+			var errs []*framework.Result
 			for _, r := range results {
-				if r.Severity == fn.Error {
+				if r.Severity == framework.Error {
 					errs = append(errs, r)
 				}
 			}
@@ -108,7 +108,7 @@ func TestSameNameAcrossLayers(t *testing.T) {
 				t.Errorf("results %v, want an error with %q", results, tc.want)
 			}
 			for _, r := range results {
-				if r.Severity == fn.Error && (r.Field == nil || r.Field.Path != "metadata.name") {
+				if r.Severity == framework.Error && (r.Field == nil || r.Field.Path != "metadata.name") {
 					t.Errorf("error without the field path metadata.name: %+v", r)
 				}
 			}

@@ -19,7 +19,7 @@ func TestPullDefaultsAreTheAgents(t *testing.T) {
 	ip := &v1alpha1.ImagePrefetcher{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind, Spec: v1alpha1.Spec{Images: []string{"debian:12"}}}
 	ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
 	c, probs := render.Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		t.Fatal(probs)
 	}
 	rendered := map[string]string{

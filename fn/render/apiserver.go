@@ -11,6 +11,7 @@ import (
 	metavalidation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
 
@@ -21,10 +22,10 @@ import (
 // and tests/conformance holds them against a real apiserver's verdict.
 // Label names, values and selectors come from k8s.io/apimachinery.
 
-// problemsOf turns apimachinery field errors into Problems at the same
+// problemsOf turns apimachinery field errors into framework.Results at the same
 // paths, in words a reader of the ImagePrefetcher understands.
-func problemsOf(errs field.ErrorList) Problems {
-	var p Problems
+func problemsOf(errs field.ErrorList) framework.Results {
+	var p framework.Results
 	for _, e := range errs {
 		p = append(p, errorf(e.Field, "%s", plainError(e)))
 	}
@@ -55,8 +56,8 @@ func plainError(e *field.Error) string {
 }
 
 // checkLabelMap checks labels that are copied onto objects, each at its key.
-func checkLabelMap(labels map[string]string, path string) Problems {
-	var p Problems
+func checkLabelMap(labels map[string]string, path string) framework.Results {
+	var p framework.Results
 	for _, k := range sortedKeys(labels) {
 		fp := path + "." + k
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
@@ -71,8 +72,8 @@ func checkLabelMap(labels map[string]string, path string) Problems {
 
 // checkAnnotationMap checks annotations that are copied onto objects, each
 // at its key, and their total size (apimachinery's ValidateAnnotations).
-func checkAnnotationMap(annotations map[string]string, path string) Problems {
-	var p Problems
+func checkAnnotationMap(annotations map[string]string, path string) framework.Results {
+	var p framework.Results
 	for _, k := range sortedKeys(annotations) {
 		if errs := validation.IsQualifiedName(strings.ToLower(k)); len(errs) > 0 {
 			p = append(p, errorf(path+"."+k, "%q is not a valid annotation key: %s", k, strings.Join(errs, "; ")))
@@ -88,8 +89,8 @@ func checkAnnotationMap(annotations map[string]string, path string) Problems {
 // and of a pod template, against the apiserver's limit once everything the
 // function adds is there: the user's annotations alone may fit and the
 // rendered objects not.
-func CheckRenderedAnnotations(objs []*yaml.RNode) Problems {
-	var p Problems
+func CheckRenderedAnnotations(objs []*yaml.RNode) framework.Results {
+	var p framework.Results
 	for _, o := range objs {
 		at := o.GetKind() + " " + o.GetName()
 		err := apivalidation.ValidateAnnotationsSize(o.GetAnnotations())
@@ -104,8 +105,8 @@ func CheckRenderedAnnotations(objs []*yaml.RNode) Problems {
 }
 
 // checkTolerations is the apiserver's ValidateTolerations.
-func checkTolerations(ts []corev1.Toleration, path string) Problems {
-	var p Problems
+func checkTolerations(ts []corev1.Toleration, path string) framework.Results {
+	var p framework.Results
 	for i, t := range ts {
 		fp := fmt.Sprintf("%s[%d]", path, i)
 		if t.Key != "" {
@@ -145,7 +146,7 @@ func checkTolerations(ts []corev1.Toleration, path string) Problems {
 }
 
 // checkAffinity is the apiserver's validateAffinity for a new object.
-func checkAffinity(a *corev1.Affinity, path string) Problems {
+func checkAffinity(a *corev1.Affinity, path string) framework.Results {
 	if a == nil {
 		return nil
 	}
@@ -305,8 +306,8 @@ func podAffinityTerm(t corev1.PodAffinityTerm, fp *field.Path) field.ErrorList {
 
 // checkResources is the apiserver's validateResourceRequirements for a
 // container of a pod without resource claims.
-func checkResources(r corev1.ResourceRequirements, path string) Problems {
-	var p Problems
+func checkResources(r corev1.ResourceRequirements, path string) framework.Results {
+	var p framework.Results
 	cpuOrMemory, hugePages := false, false
 	check := func(kind string, list corev1.ResourceList) {
 		for _, name := range sortedKeys(list) {

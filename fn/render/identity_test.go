@@ -19,7 +19,7 @@ func identityOf(t *testing.T, ns, name string) (marker, match string) {
 		Spec: v1alpha1.Spec{Images: []string{"debian:12"}, StartupTaint: &v1alpha1.StartupTaint{Key: "example.com/warming"}}}
 	ip.Metadata.Name, ip.Metadata.Namespace = name, ns
 	c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		t.Fatal(probs)
 	}
 	objs, err := Render(c)

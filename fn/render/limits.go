@@ -6,6 +6,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -37,8 +38,8 @@ func shortDuration(d time.Duration) string {
 
 // checkDurationOrder: the durations that bound one another. A finding is
 // reported at the field the user set, so that it points at their line.
-func (c Config) checkDurationOrder(pull v1alpha1.Pull) Problems {
-	var p Problems
+func (c Config) checkDurationOrder(pull v1alpha1.Pull) framework.Results {
+	var p framework.Results
 	if c.InitialAttempt > 0 && c.MaxAttempt > 0 && c.InitialAttempt > c.MaxAttempt {
 		p = append(p, errorf("spec.pull.initialAttemptTimeout", "%s is above maxAttemptTimeout %s", c.InitialAttempt, c.MaxAttempt))
 	}
@@ -69,7 +70,7 @@ const (
 
 // checkListSize holds the rendered list against the apiserver's ConfigMap
 // limit, and warns where client-side apply would fail first.
-func (c Config) checkListSize(s v1alpha1.Spec) Problems {
+func (c Config) checkListSize(s v1alpha1.Spec) framework.Results {
 	at := "spec.images"
 	if len(s.Images) == 0 && s.ImageListFrom != nil {
 		at = "spec.imageListFrom.configMapRef"
@@ -77,12 +78,12 @@ func (c Config) checkListSize(s v1alpha1.Spec) Problems {
 	text := c.ImageListText()
 	size := len(text)
 	if size > maxConfigMapData {
-		return Problems{errorf(at, "the rendered image list is %d bytes (%d images), above the %d bytes (1 MiB) the apiserver accepts in a ConfigMap: split the images across several ImagePrefetchers", size, len(c.Images), maxConfigMapData)}
+		return framework.Results{errorf(at, "the rendered image list is %d bytes (%d images), above the %d bytes (1 MiB) the apiserver accepts in a ConfigMap: split the images across several ImagePrefetchers", size, len(c.Images), maxConfigMapData)}
 	}
 	// JSON doubles every newline ("\n"); the rest of the object and the
 	// annotation's key take well under 1 KiB.
 	if lastApplied := size + strings.Count(text, "\n") + 1024; lastApplied > maxAnnotations {
-		return Problems{warnf(at, "the rendered image list is %d bytes (%d images): client-side `kubectl apply` copies the ConfigMap into its last-applied-configuration annotation, and annotations are limited to %d bytes (256 KiB), so it would fail; apply with `kubectl apply --server-side` (Argo CD: the ServerSideApply=true sync option; Flux applies server-side already)", size, len(c.Images), maxAnnotations)}
+		return framework.Results{warnf(at, "the rendered image list is %d bytes (%d images): client-side `kubectl apply` copies the ConfigMap into its last-applied-configuration annotation, and annotations are limited to %d bytes (256 KiB), so it would fail; apply with `kubectl apply --server-side` (Argo CD: the ServerSideApply=true sync option; Flux applies server-side already)", size, len(c.Images), maxAnnotations)}
 	}
 	return nil
 }
@@ -92,10 +93,10 @@ func (c Config) checkListSize(s v1alpha1.Spec) Problems {
 // paths) can land on a path the agent mounts already, or on each other.
 // It looks at the DaemonSet the Config renders, so that every mount the
 // renderer adds is covered.
-func (c Config) checkMounts(s v1alpha1.Spec) Problems {
+func (c Config) checkMounts(s v1alpha1.Spec) framework.Results {
 	ds := c.daemonSet(NamesFor(c.Namespace, c.Name), nil, metav1.ObjectMeta{})
 	pod := ds.Spec.Template.Spec
-	var p Problems
+	var p framework.Results
 	reported := map[string]bool{} // the containers share their mounts
 	for _, ctr := range append(pod.InitContainers, pod.Containers...) {
 		first := map[string]string{}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
+
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -22,22 +24,22 @@ func TestListSize(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		n        int
-		severity Severity // "" for no finding
+		severity framework.Severity // "" for no finding
 	}{
 		{n: 100},
-		{n: 2500},                     // 250,000 bytes: the annotation copy still fits
-		{n: 2600, severity: Warning},  // 260,000 bytes, 262,600 with JSON's escaped newlines
-		{n: 10485, severity: Warning}, // 1,048,500 bytes: at most 1 MiB
-		{n: 10486, severity: Error},   // 1,048,600 bytes
+		{n: 2500},                               // 250,000 bytes: the annotation copy still fits
+		{n: 2600, severity: framework.Warning},  // 260,000 bytes, 262,600 with JSON's escaped newlines
+		{n: 10485, severity: framework.Warning}, // 1,048,500 bytes: at most 1 MiB
+		{n: 10486, severity: framework.Error},   // 1,048,600 bytes
 	} {
 		t.Run(fmt.Sprint(tc.n), func(t *testing.T) {
 			ip := &v1alpha1.ImagePrefetcher{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind, Spec: v1alpha1.Spec{Images: images(tc.n)}}
 			ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
 			c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
 			size := len(c.ImageListText())
-			var got []Problem
+			var got framework.Results
 			for _, p := range probs {
-				if p.Path == "spec.images" {
+				if p.Field.Path == "spec.images" {
 					got = append(got, p)
 				}
 			}
@@ -53,7 +55,7 @@ func TestListSize(t *testing.T) {
 			if want := fmt.Sprintf("%d bytes (%d images)", size, tc.n); !strings.Contains(got[0].Message, want) {
 				t.Errorf("message %q lacks %q", got[0].Message, want)
 			}
-			if tc.severity == Warning && !strings.Contains(got[0].Message, "kubectl apply --server-side") {
+			if tc.severity == framework.Warning && !strings.Contains(got[0].Message, "kubectl apply --server-side") {
 				t.Errorf("warning does not recommend server-side apply: %q", got[0].Message)
 			}
 		})

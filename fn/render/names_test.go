@@ -16,7 +16,7 @@ func renderAll(t *testing.T, ns, name string) []rendered {
 		Spec: v1alpha1.Spec{Images: []string{"debian:12"}, Flavor: v1alpha1.FlavorOCP, Pull: v1alpha1.Pull{MaxConcurrentNodes: &k}}}
 	ip.Metadata.Name, ip.Metadata.Namespace = name, ns
 	c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		t.Fatalf("%s/%s: %+v", ns, name, probs)
 	}
 	objs, err := Render(c)

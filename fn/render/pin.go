@@ -2,11 +2,13 @@ package render
 
 import (
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 )
 
 // validatePin checks spec.pin. Defaults stay out of the Config, so that the
 // rendered objects of an ImagePrefetcher without spec.pin do not change.
-func (c *Config) validatePin(s v1alpha1.Spec) Problems {
+func (c *Config) validatePin(s v1alpha1.Spec) framework.Results {
 	if s.Pin.Enabled != nil && !*s.Pin.Enabled {
 		c.PinOff = true
 	}
@@ -15,7 +17,7 @@ func (c *Config) validatePin(s v1alpha1.Spec) Problems {
 	}
 	b, err := v1alpha1.ParsePinBudget(s.Pin.Budget)
 	if err != nil {
-		return Problems{errorf("spec.pin.budget", "%v", err)}
+		return framework.Results{errorf("spec.pin.budget", "%v", err)}
 	}
 	if v := b.String(); v != v1alpha1.DefaultPinBudget && !c.PinOff {
 		c.PinBudget = v

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"strings"
 
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
+
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -84,8 +86,8 @@ const MetricsPortName = "metrics"
 // validatePlatform checks and applies what a platform team expects of a
 // DaemonSet: metadata propagation, the pod's own pull secrets, the Linux
 // node selector and the metrics endpoint.
-func (c *Config) validatePlatform(ip *v1alpha1.ImagePrefetcher) Problems {
-	var p Problems
+func (c *Config) validatePlatform(ip *v1alpha1.ImagePrefetcher) framework.Results {
+	var p framework.Results
 	s := ip.Spec
 
 	for _, k := range sortedKeys(ip.Metadata.Labels) {
@@ -107,7 +109,7 @@ func (c *Config) validatePlatform(ip *v1alpha1.ImagePrefetcher) Problems {
 		c.ExtraAnnotations[k] = ip.Metadata.Annotations[k]
 	}
 
-	var sp Problems
+	var sp framework.Results
 	c.AgentPullSecrets, sp = secretNames("spec.agent.imagePullSecrets", s.Agent.ImagePullSecrets)
 	p = append(p, sp...)
 

@@ -25,7 +25,7 @@ func withMeta(labels, annotations map[string]string) *v1alpha1.ImagePrefetcher {
 func validated(t *testing.T, ip *v1alpha1.ImagePrefetcher) Config {
 	t.Helper()
 	c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		t.Fatalf("unexpected problems: %+v", probs)
 	}
 	return c

@@ -24,7 +24,7 @@ func mustConfig(t testing.TB, images []string, mutate func(*v1alpha1.Spec)) Conf
 		mutate(&ip.Spec)
 	}
 	c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		t.Fatalf("unexpected problems: %+v", probs)
 	}
 	return c

@@ -9,6 +9,7 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -29,12 +30,12 @@ const startupTaintFile = "/tmp/pod-started-at"
 // validateStartupTaint checks spec.startupTaint and makes sure the agent
 // tolerates the taint it is meant to remove. It runs after the tolerations
 // and the node label setting are known.
-func (c *Config) validateStartupTaint(s v1alpha1.Spec) Problems {
+func (c *Config) validateStartupTaint(s v1alpha1.Spec) framework.Results {
 	st := s.StartupTaint
 	if st == nil {
 		return nil
 	}
-	var p Problems
+	var p framework.Results
 	cfg := &StartupTaintConfig{Key: st.Key}
 	switch {
 	case st.Key == "":

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
@@ -37,7 +38,7 @@ func TestStartupTaintTolerations(t *testing.T) {
 			ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, Tolerations: tc.in, StartupTaint: &v1alpha1.StartupTaint{Key: key}}}
 			ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
 			c, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-			if probs.HasErrors() {
+			if probs.ExitCode() != 0 {
 				t.Fatal(probs)
 			}
 			if !reflect.DeepEqual(c.Tolerations, tc.want) {
@@ -45,7 +46,7 @@ func TestStartupTaintTolerations(t *testing.T) {
 			}
 			warned := false
 			for _, p := range probs {
-				warned = warned || p.Severity == Warning && p.Path == "spec.tolerations"
+				warned = warned || p.Severity == framework.Warning && p.Field.Path == "spec.tolerations"
 			}
 			if warned != tc.warn {
 				t.Errorf("warning %v, want %v: %v", warned, tc.warn, probs)
@@ -83,7 +84,7 @@ func TestStartupTaintReservedKeys(t *testing.T) {
 			_, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
 			found := false
 			for _, p := range probs {
-				found = found || p.Severity == Error && p.Path == "spec.startupTaint.key" && strings.Contains(p.Message, owner)
+				found = found || p.Severity == framework.Error && p.Field.Path == "spec.startupTaint.key" && strings.Contains(p.Message, owner)
 			}
 			if !found {
 				t.Errorf("not refused naming %q: %v", owner, probs)
@@ -94,7 +95,7 @@ func TestStartupTaintReservedKeys(t *testing.T) {
 	// meant for exactly this.
 	ip := &v1alpha1.ImagePrefetcher{Spec: v1alpha1.Spec{Images: []string{"debian"}, StartupTaint: &v1alpha1.StartupTaint{Key: "startup-taint.cluster-autoscaler.kubernetes.io/image-prefetcher"}}}
 	ip.Metadata.Name, ip.Metadata.Namespace = "demo", "prefetch"
-	if _, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false }); probs.HasErrors() {
+	if _, probs := Validate(ip, func(string, string) (map[string]string, bool) { return nil, false }); probs.ExitCode() != 0 {
 		t.Errorf("the cluster-autoscaler's startup-taint key refused: %v", probs)
 	}
 }

@@ -14,15 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
 )
-
-// previousNamesAnnotation is how kustomize tells a function what an object
-// was called before namePrefix/nameSuffix renamed it.
-const previousNamesAnnotation = "internal.config.kubernetes.io/previousNames"
 
 // Limits that keep the rendered objects reasonable.
 const (
@@ -114,15 +111,15 @@ func DefaultResources() corev1.ResourceRequirements {
 }
 
 // Validate checks every field, applies defaults and resolves the image
-// list. The Config is meaningful only when the Problems hold no error.
-func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, Problems) {
+// list. The Config is meaningful only when the framework.Results hold no error.
+func Validate(ip *v1alpha1.ImagePrefetcher, lookup ConfigMapLookup) (Config, framework.Results) {
 	return ValidateSources(ip, Sources{ConfigMaps: lookup})
 }
 
 // ValidateSources is Validate with every source of images the ResourceList
 // offers.
-func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problems) {
-	var p Problems
+func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, framework.Results) {
+	var p framework.Results
 	s := ip.Spec
 	c := Config{Name: ip.Metadata.Name, Namespace: ip.Metadata.Namespace, startupTaintKeys: src.StartupTaintKeys}
 
@@ -130,7 +127,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	case c.Name == "":
 		p = append(p, errorf("metadata.name", "is required: it names the instance"))
 	case len(c.Name) > validation.DNS1123LabelMaxLength:
-		p = append(p, errorf("metadata.name", "%q is %d characters long, above the %d an instance name may have: it becomes the last segment of the node label key %s%s", c.Name, len(c.Name), validation.DNS1123LabelMaxLength, v1alpha1.NodeKey("<name>"), renamedBy(ip)))
+		p = append(p, errorf("metadata.name", "%q is %d characters long, above the %d an instance name may have: it becomes the last segment of the node label key %s", c.Name, len(c.Name), validation.DNS1123LabelMaxLength, v1alpha1.NodeKey("<name>")))
 	case len(validation.IsDNS1123Label(c.Name)) > 0 || len(validation.IsQualifiedName(c.Name)) > 0:
 		p = append(p, errorf("metadata.name", "%q is not a valid instance name: it becomes the node label key %s, so it must be a label name segment of at most 63 characters, and it names Kubernetes objects, so only lowercase letters, digits and '-' are allowed, starting and ending with a letter or digit", c.Name, v1alpha1.NodeKey(c.Name)))
 	}
@@ -188,7 +185,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 		p = append(p, checkResources(c.Resources, "spec.agent.resources")...)
 	}
 
-	var sp Problems
+	var sp framework.Results
 	c.PullSecrets, sp = secretNames("spec.imagePullSecrets", s.ImagePullSecrets)
 	p = append(p, sp...)
 
@@ -320,7 +317,7 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	}
 	p = append(p, c.validateStartupTaint(s)...)
 	p = append(p, c.validatePin(s)...)
-	if !p.HasErrors() {
+	if p.ExitCode() == 0 {
 		// Both need a Config that renders: they look at what it renders.
 		p = append(p, c.checkMounts(s)...)
 		p = append(p, c.checkListSize(s)...)
@@ -328,21 +325,9 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, Problem
 	return c, p
 }
 
-// renamedBy explains, for an instance name kustomize changed before the
-// function ran (namePrefix or nameSuffix in the kustomization that lists
-// the function), where the extra characters came from.
-func renamedBy(ip *v1alpha1.ImagePrefetcher) string {
-	prev := ip.Metadata.Annotations[previousNamesAnnotation]
-	if prev == "" {
-		return ""
-	}
-	orig, _, _ := strings.Cut(prev, ",")
-	return fmt.Sprintf("; kustomize's namePrefix/nameSuffix made it from %q, so shorten the name or the prefix/suffix", orig)
-}
-
-func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {
+func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) framework.Results {
 	lookup := sources.ConfigMaps
-	var p Problems
+	var p framework.Results
 	var b imagelist.Builder
 	// Inline references get line = index+1, so that a finding can name the
 	// list index; the ConfigMap text keeps its own line numbers. One builder
@@ -388,7 +373,7 @@ func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {
 	nBefore, nDupsBefore := len(b.List().Entries), len(b.List().Duplicates)
 	var sections []section
 	if s.ImageListFrom != nil && s.ImageListFrom.Workloads != nil {
-		var wp Problems
+		var wp framework.Results
 		sections, wp = c.addWorkloads(&b, s, sources)
 		p = append(p, wp...)
 	}
@@ -430,7 +415,7 @@ func (c *Config) resolveImages(s v1alpha1.Spec, sources Sources) Problems {
 	if s.ImageListFrom != nil {
 		c.sections = listSections(list, nInline, nBefore, cmDesc, sections)
 	}
-	if len(list.Entries) == 0 && !p.HasErrors() {
+	if len(list.Entries) == 0 && p.ExitCode() == 0 {
 		p = append(p, errorf("spec.images", "the image list is empty: list images in spec.images, in the ConfigMap named by spec.imageListFrom.configMapRef, or select workloads with spec.imageListFrom.workloads"))
 	}
 	return p
@@ -450,8 +435,8 @@ func hostFilePath(p string) string {
 }
 
 // checkDisk applies spec.disk's defaults, which depend on the runtime.
-func (c *Config) checkDisk(d v1alpha1.Disk) Problems {
-	var p Problems
+func (c *Config) checkDisk(d v1alpha1.Disk) framework.Results {
+	var p framework.Results
 	c.DiskCeilingPercent = v1alpha1.DefaultDiskCeilingPercent
 	c.NoKubeletStats = d.KubeletStats != nil && !*d.KubeletStats
 	if d.CeilingPercent != nil {
@@ -504,9 +489,9 @@ func kubeletForm(e imagelist.Entry) string {
 
 // secretNames checks a list of Secret names at path: each a valid name,
 // none twice. It returns the valid names, first of each kept.
-func secretNames(path string, names []string) ([]string, Problems) {
+func secretNames(path string, names []string) ([]string, framework.Results) {
 	var valid []string
-	var p Problems
+	var p framework.Results
 	seen := map[string]bool{}
 	for i, name := range names {
 		fp := fmt.Sprintf("%s[%d]", path, i)

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
+	"sigs.k8s.io/kustomize/kyaml/yaml"
+
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 	"github.com/image-prefetcher/image-prefetcher/fn/imagelist"
 	"github.com/image-prefetcher/image-prefetcher/fn/version"
@@ -38,15 +41,15 @@ const workloadsPath = "spec.imageListFrom.workloads"
 // source. A workload image that another source or an earlier workload
 // already lists is dropped without a warning: two workloads sharing a
 // sidecar image is normal, unlike a list that names an image twice.
-func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources) ([]section, Problems) {
-	var p Problems
+func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources) ([]section, framework.Results) {
+	var p framework.Results
 	sels := s.ImageListFrom.Workloads
 	if len(sels) == 0 {
-		return nil, Problems{errorf(workloadsPath, "is empty: list selectors, or [{}] to select every workload of the ResourceList")}
+		return nil, framework.Results{errorf(workloadsPath, "is empty: list selectors, or [{}] to select every workload of the ResourceList")}
 	}
 	col := src.Workloads
 	if col == nil {
-		return nil, Problems{errorf(workloadsPath, "no workload can be seen: a kustomize generator is given its own configuration and nothing else; list the function under transformers: in the kustomization that holds the workloads")}
+		return nil, framework.Results{errorf(workloadsPath, "no workload can be seen: a kustomize generator is given its own configuration and nothing else; list the function under transformers: in the kustomization that holds the workloads")}
 	}
 	for _, e := range col.Errors {
 		p = append(p, errorf(fmt.Sprintf("%s[%d].%s", workloadsPath, e.Index, e.Field), "%v", e.Err))
@@ -59,7 +62,7 @@ func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources
 	}
 	by := fmt.Sprintf("selected by %s of ImagePrefetcher %s/%s", workloadsPath, c.Namespace, c.Name)
 	for _, sk := range col.Skipped {
-		p = append(p, Problem{Severity: Warning, Path: sk.Path, Object: ref(sk.Workload), Message: "has no image, so nothing is prefetched for it (" + by + ")"})
+		p = append(p, about(sk.Workload, warnf(sk.Path, "has no image, so nothing is prefetched for it (%s)", by)))
 	}
 
 	have := map[string]bool{}
@@ -74,9 +77,9 @@ func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources
 			}
 		}
 		if len(missing) > 0 {
-			p = append(p, Problem{Severity: Warning, Path: ps.Path, Object: ref(ps.Workload), Message: fmt.Sprintf(
+			p = append(p, about(ps.Workload, warnf(ps.Path,
 				"the kubelet pulls with Secret %s, the agent does not: if its images need credentials, put a kubernetes.io/dockerconfigjson Secret in namespace %s and list it in spec.imagePullSecrets of ImagePrefetcher %s/%s, or they fail as Unauthorized (%s)",
-				strings.Join(missing, ", "), c.Namespace, c.Namespace, c.Name, by)})
+				strings.Join(missing, ", "), c.Namespace, c.Namespace, c.Name, by)))
 		}
 	}
 
@@ -98,12 +101,12 @@ func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources
 	for _, img := range col.Images {
 		sec := &sections[at[img.Workload]]
 		if img.NotString {
-			p = append(p, Problem{Severity: Error, Path: img.Path, Object: ref(img.Workload), Message: "must be a string (" + by + ")"})
+			p = append(p, about(img.Workload, errorf(img.Path, "must be a string (%s)", by)))
 			continue
 		}
 		n, err := imagelist.Normalize(img.Ref)
 		if err != nil {
-			p = append(p, Problem{Severity: Error, Path: img.Path, Object: ref(img.Workload), Message: fmt.Sprintf("%v (%s)", err, by)})
+			p = append(p, about(img.Workload, errorf(img.Path, "%v (%s)", err, by)))
 			continue
 		}
 		if n == agentNorm {
@@ -119,7 +122,15 @@ func (c *Config) addWorkloads(b *imagelist.Builder, s v1alpha1.Spec, src Sources
 	return sections, p
 }
 
-func ref(r workloads.Ref) *workloads.Ref { return &r }
+// about makes r a finding about the selected workload w, r's field a path
+// in w.
+func about(w workloads.Ref, r *framework.Result) *framework.Result {
+	r.ResourceRef = &yaml.ResourceIdentifier{
+		TypeMeta: yaml.TypeMeta{APIVersion: w.APIVersion, Kind: w.Kind},
+		NameMeta: yaml.NameMeta{Name: w.Name, Namespace: w.Namespace},
+	}
+	return r
+}
 
 // listSections groups the valid entries of list by source: inline
 // references are entries [0, nInline), the ConfigMap's [nInline, nBefore);

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/kustomizeid"
 )
 
 // Ref names a workload.
@@ -93,14 +94,9 @@ type Collection struct {
 // Node returns the selected object named by ref, or nil.
 func (c *Collection) Node(ref Ref) *yaml.RNode { return c.nodes[ref] }
 
-// Annotations kustomize (and kpt) set to say what an object was called
-// before namePrefix/namespace renamed it. kustomize's selectors match the
-// original name or namespace as well as the current one; so do these.
 const (
-	previousNames      = "internal.config.kubernetes.io/previousNames"
-	previousNamespaces = "internal.config.kubernetes.io/previousNamespaces"
-	localConfig        = "config.kubernetes.io/local-config"
-	managedByLabel     = "app.kubernetes.io/managed-by"
+	localConfig    = "config.kubernetes.io/local-config"
+	managedByLabel = "app.kubernetes.io/managed-by"
 	// managedBy marks the objects the function renders. They are never
 	// workloads of an ImagePrefetcher: the agent's DaemonSet runs an image
 	// that is on the node before its pod starts.
@@ -321,14 +317,14 @@ func compile(s v1alpha1.WorkloadSelector) (*types.SelectorRegex, []SelectorError
 // match the current or the original value, then group/version/kind, then
 // the label and annotation selectors.
 func matches(n *yaml.RNode, s v1alpha1.WorkloadSelector, sr *types.SelectorRegex) bool {
-	a := n.GetAnnotations()
-	if !sr.MatchNamespace(effectiveNamespace(n.GetNamespace())) && !sr.MatchNamespace(effectiveNamespace(first(a[previousNamespaces]))) {
+	cur, org := kustomizeid.Current(n), kustomizeid.Original(n)
+	if !sr.MatchNamespace(org.EffectiveNamespace()) && !sr.MatchNamespace(cur.EffectiveNamespace()) {
 		return false
 	}
-	if !sr.MatchName(n.GetName()) && !sr.MatchName(first(a[previousNames])) {
+	if !sr.MatchName(org.Name) && !sr.MatchName(cur.Name) {
 		return false
 	}
-	if !sr.MatchGvk(resid.GvkFromNode(n)) {
+	if !sr.MatchGvk(cur.Gvk) {
 		return false
 	}
 	// Both were parsed by compile.
@@ -337,20 +333,4 @@ func matches(n *yaml.RNode, s v1alpha1.WorkloadSelector, sr *types.SelectorRegex
 	}
 	ok, _ := n.MatchesAnnotationSelector(s.AnnotationSelector)
 	return ok
-}
-
-// effectiveNamespace is kustomize's: an object without a namespace lands
-// in "default". Every workload kind is namespaced.
-func effectiveNamespace(ns string) string {
-	if ns == "" {
-		return resid.DefaultNamespace
-	}
-	return ns
-}
-
-// first is the first of kustomize's comma-separated previous values: the
-// original one.
-func first(list string) string {
-	v, _, _ := strings.Cut(list, ",")
-	return v
 }

@@ -20,6 +20,7 @@ metadata:
   annotations:
     internal.config.kubernetes.io/previousNames: "web,dev-web"
     internal.config.kubernetes.io/previousNamespaces: "default,dev"
+    internal.config.kubernetes.io/previousKinds: "Deployment,Deployment"
 spec:
   template:
     spec:
@@ -71,6 +72,25 @@ template:
     containers:
     - {name: t, image: top:1}
 `
+
+// TestCollectNamespaceOfAnObjectNeverRenamed: an object kustomize never
+// renamed (kpt passes no previous names at all) is matched by its own
+// namespace only. Its original namespace is its current one, not
+// "default".
+func TestCollectNamespaceOfAnObjectNeverRenamed(t *testing.T) {
+	items, err := kio.FromBytes([]byte("apiVersion: apps/v1\nkind: Deployment\n" +
+		"metadata:\n  name: web\n  namespace: shop\n" +
+		"spec:\n  template:\n    spec:\n      containers:\n      - {name: web, image: web:1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ns, want := range map[string]int{"default": 0, "shop": 1} {
+		c := Collect(items, []v1alpha1.WorkloadSelector{{Namespace: ns}})
+		if len(c.Workloads) != want {
+			t.Errorf("namespace %s selected %v, want %d workloads", ns, c.Workloads, want)
+		}
+	}
+}
 
 func TestCollectSelects(t *testing.T) {
 	items, err := kio.FromBytes([]byte(objects))

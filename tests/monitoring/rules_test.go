@@ -56,7 +56,7 @@ func renderedRules(t *testing.T) []byte {
 		Spec: v1alpha1.Spec{Images: []string{present}, Metrics: v1alpha1.Metrics{Enabled: &on, PodMonitor: &on, Rules: &on}}}
 	ip.Metadata.Name, ip.Metadata.Namespace = instance, namespace
 	c, probs := render.Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		t.Fatalf("%+v", probs)
 	}
 	objs, err := render.Render(c)

@@ -330,7 +330,7 @@ func (h *harness) apply(ctx context.Context, cfg Config) error {
 		ip.Spec.Pull.SeedNodes = &seed
 	}
 	rc, probs := render.Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
-	if probs.HasErrors() {
+	if probs.ExitCode() != 0 {
 		return fmt.Errorf("render %s: %+v", cfg.Name(), probs)
 	}
 	objs, err := render.Render(rc)

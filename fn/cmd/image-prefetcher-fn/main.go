@@ -11,8 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
-
+	"sigs.k8s.io/kustomize/kyaml/fn/framework"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/krm"
@@ -48,7 +47,7 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 		for _, r := range results {
 			if r.File == nil && r.ResourceRef != nil {
 				if p := originOf(".", r.ResourceRef); p != "" {
-					r.File = &fn.File{Path: p}
+					r.File = &framework.File{Path: p}
 				}
 			}
 			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", describe(r))
@@ -94,7 +93,7 @@ func componentKustomization(dir string) string {
 
 // describe is the one-line, human-readable form of a result, for stderr:
 // kustomize shows a failing function's stderr and nothing else.
-func describe(r *fn.Result) string {
+func describe(r *framework.Result) string {
 	var b strings.Builder
 	b.WriteString(string(r.Severity))
 	b.WriteString(": ")

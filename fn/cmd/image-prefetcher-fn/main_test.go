@@ -168,7 +168,10 @@ var errorCases = []struct {
 	{name: "wrong-type", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    parallelism: four\n"},
 	{name: "unsupported-api-version", ip: "apiVersion: image-prefetcher.stackrox.io/v9\nkind: ImagePrefetcher\nmetadata:\n  name: demo\n  namespace: prefetch\nspec:\n  images: [debian]\n", asItem: true},
 	{name: "name-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
-	// No metadata: one error at metadata, not two about an unnamed object.
+	// No metadata. A functionConfig gets one error at metadata, not two
+	// about an unnamed object; an item has metadata by the time the
+	// function sees it (framework.Execute marks every item to match its
+	// output up), so its findings are the name and the namespace.
 	{name: "metadata-null", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata: null\nspec:\n  images: [debian]\n", asItem: true},
 	{name: "metadata-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nspec:\n  images: [debian]\n"},
 	{name: "name-invalid", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: My_Prefetcher\n  namespace: prefetch\nspec:\n  images: [debian]\n"},
@@ -265,7 +268,9 @@ var errorCases = []struct {
 	// Messages that name the value and the fix.
 	{name: "node-selector-bool-value", ip: baseMeta + "spec:\n  images: [debian]\n  nodeSelector:\n    gpu: true\n"},
 	{name: "parallelism-int32-overflow", ip: baseMeta + "spec:\n  images: [debian]\n  pull:\n    maxConcurrentNodes: 2147483648\n"},
-	{name: "name-too-long-after-name-prefix", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: production-eu-west-1-" + strings.Repeat("x", 50) + "\n  namespace: prefetch\n  annotations:\n    internal.config.kubernetes.io/previousNames: " + strings.Repeat("x", 50) + "\nspec:\n  images: [debian]\n", asItem: true},
+	{name: "name-too-long-after-name-prefix", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: production-eu-west-1-" + strings.Repeat("x", 50) + "\n  namespace: prefetch\n  annotations:\n    internal.config.kubernetes.io/previousNames: " + strings.Repeat("x", 50) +
+		"\n    internal.config.kubernetes.io/previousNamespaces: prefetch" +
+		"\n    internal.config.kubernetes.io/previousKinds: ImagePrefetcher\nspec:\n  images: [debian]\n", asItem: true},
 	{name: "generator-namespace-missing", ip: "apiVersion: image-prefetcher.stackrox.io/v1alpha1\nkind: ImagePrefetcher\nmetadata:\n  name: demo\nspec:\n  images: [debian]\n",
 		items: "- apiVersion: image-prefetcher.stackrox.io/v1alpha1\n  kind: ImagePrefetcher\n  metadata:\n    name: demo\n    annotations:\n      config.kubernetes.io/local-config: 'true'\n  spec:\n    images: [debian]\n"},
 	{name: "configmap-other-namespace", ip: baseMeta + "spec:\n  imageListFrom:\n    configMapRef: {name: images, key: images.txt}\n", asItem: true,
@@ -426,7 +431,10 @@ func TestRenderedInvariants(t *testing.T) {
 				where := it.GetKind() + " " + it.GetName()
 				for k := range it.GetAnnotations() {
 					switch {
-					case k == "internal.config.kubernetes.io/path" || k == "internal.config.kubernetes.io/index":
+					// kpt's file annotations, in the form(s) the input uses
+					// (framework.Execute keeps them in step).
+					case k == "internal.config.kubernetes.io/path" || k == "internal.config.kubernetes.io/index",
+						k == "config.kubernetes.io/path" || k == "config.kubernetes.io/index":
 						if generator {
 							t.Errorf("%s: %s in generator mode", where, k)
 						}
@@ -579,5 +587,37 @@ func TestArguments(t *testing.T) {
 	errb.Reset()
 	if code := run(strings.NewReader("kind: NotAList\n"), &out, &errb, nil); code != 1 || !strings.Contains(errb.String(), "ResourceList") {
 		t.Errorf("bad input: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestUnreadableInput: input that is no ResourceList the function can
+// read exits 1 with one line on stderr that says what is wrong, and
+// writes nothing on stdout.
+func TestUnreadableInput(t *testing.T) {
+	const rl = "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\n"
+	cases := []struct{ name, in, want string }{
+		{"not YAML", "items: [a\n", "failed to read ResourceList input: MalformedYAMLError"},
+		{"a List", "apiVersion: v1\nkind: List\nitems: []\n", `got kind "List", want ResourceList`},
+		{"an item that is not an object", rl + "items:\n- 5\n", "expected MappingNode but got ScalarNode"},
+		{"metadata that is not an object", rl + "items:\n- kind: A\n  metadata: 5\n",
+			"expected MappingNode but got ScalarNode"},
+		{"an item in two files", rl + "items:\n- kind: A\n  metadata:\n    name: a\n    annotations:\n" +
+			"      config.kubernetes.io/path: a.yaml\n      internal.config.kubernetes.io/path: b.yaml\n",
+			"mismatched legacy and internal path annotations"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := invoke(t, []byte(tc.in))
+			if o.code != 1 {
+				t.Errorf("exit code %d, want 1", o.code)
+			}
+			if len(o.stdout) > 0 {
+				t.Errorf("stdout:\n%s\nwant nothing", o.stdout)
+			}
+			line := string(o.stderr)
+			if !strings.HasPrefix(line, "image-prefetcher-fn: ResourceList on stdin: ") || !strings.Contains(line, tc.want) {
+				t.Errorf("stderr %q, want image-prefetcher-fn: ResourceList on stdin: ...%s...", line, tc.want)
+			}
+		})
 	}
 }

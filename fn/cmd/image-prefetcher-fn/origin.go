@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/kptdev/krm-functions-sdk/go/fn"
 	"sigs.k8s.io/kustomize/kyaml/kio"
 	"sigs.k8s.io/kustomize/kyaml/yaml"
 )
@@ -17,7 +16,7 @@ import (
 // function's stderr alone; it runs an exec function in the directory of
 // the kustomization that lists it, so the function looks there. A
 // resource renamed on the way up (namePrefix, namespace:) is not found.
-func originOf(dir string, ref *fn.ResourceRef) string {
+func originOf(dir string, ref *yaml.ResourceIdentifier) string {
 	seen := map[string]bool{}
 	var walk func(d string) string
 	walk = func(d string) string {
@@ -59,7 +58,7 @@ func originOf(dir string, ref *fn.ResourceRef) string {
 }
 
 // declares tells whether the YAML file p holds the object ref names.
-func declares(p string, ref *fn.ResourceRef) bool {
+func declares(p string, ref *yaml.ResourceIdentifier) bool {
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return false
