@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -105,4 +107,43 @@ func (n *Node) ImageLabels(ctx context.Context, name string) (map[string]string,
 		return nil, fmt.Errorf("%s: image record %s: %w", n.Name, name, err)
 	}
 	return rec.Labels, nil
+}
+
+// fillerName is the file FillImageStore writes at the image store's root,
+// where neither containerd nor CRI-O looks.
+const fillerName = ".ipf-filler"
+
+// FillImageStore writes a file into the node's image store until the store
+// is percent full as the kubelet counts it (capacity less available), as
+// the other writers of an image filesystem (logs, other images) fill it
+// on a real node; remove deletes the file. Only a store of the node's own
+// (Options.ImageStoreBytes): never the host's disk.
+func (n *Node) FillImageStore(percent int) (remove func() error, err error) {
+	if n.imageStoreBytes <= 0 {
+		return nil, fmt.Errorf("%s: fill the image store: it is the host's disk (set Options.ImageStoreBytes)", n.Name)
+	}
+	capacity, used, err := n.ImageStoreUsage()
+	if err != nil {
+		return nil, err
+	}
+	want := capacity / 100 * uint64(percent)
+	if used >= want {
+		return nil, fmt.Errorf("%s: fill the image store to %d%%: it holds %d of %d bytes already",
+			n.Name, percent, used, capacity)
+	}
+	path := filepath.Join(fmt.Sprintf("/proc/%d/root", n.holderPID), n.ImageStore(), fillerName)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("%s: fill the image store: %w", n.Name, err)
+	}
+	// Allocated, not sparse: the blocks count as used.
+	err = unix.Fallocate(int(f.Fd()), 0, 0, int64(want-used))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	remove = func() error { return os.Remove(path) }
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("%s: fill the image store with %d bytes: %w", n.Name, want-used, err), remove())
+	}
+	return remove, nil
 }

@@ -2,7 +2,6 @@ package crio_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 )
@@ -24,7 +23,13 @@ func TestCRIODiskFiguresAndCeiling(t *testing.T) {
 	if present(t, refs[0]) {
 		t.Errorf("%s was pulled above the ceiling", refs[0])
 	}
-	kubelet, kubeletAvail := kubeletImageFs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fs, err := c.KubeletImageFs(ctx, c.Nodes()[0].Name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet, kubeletAvail := fs.CapacityBytes, fs.AvailableBytes
 	if d := s.Disk; d == nil || d.Unknown != "" || d.CapacityBytes != kubelet || d.CeilingPercent != 1 {
 		t.Errorf("annotation's disk %+v, want the kubelet's capacity of %d bytes and the ceiling of 1%%", d, kubelet)
 	}
@@ -37,35 +42,3 @@ func TestCRIODiskFiguresAndCeiling(t *testing.T) {
 }
 
 func absDiff(a, b uint64) uint64 { return max(a, b) - min(a, b) }
-
-// kubeletImageFs reads the kubelet's image filesystem capacity and
-// available bytes from its stats summary, as the admin, through the
-// apiserver.
-func kubeletImageFs(t *testing.T) (capacity, available uint64) {
-	t.Helper()
-	cs, err := c.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", c.Nodes()[0].Name, "proxy", "stats", "summary").DoRaw(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var summary struct {
-		Node struct {
-			Runtime struct {
-				ImageFs struct {
-					CapacityBytes  uint64 `json:"capacityBytes"`
-					AvailableBytes uint64 `json:"availableBytes"`
-				} `json:"imageFs"`
-			} `json:"runtime"`
-		} `json:"node"`
-	}
-	if err := json.Unmarshal(raw, &summary); err != nil {
-		t.Fatal(err)
-	}
-	fs := summary.Node.Runtime.ImageFs
-	return fs.CapacityBytes, fs.AvailableBytes
-}

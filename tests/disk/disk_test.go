@@ -2,7 +2,6 @@ package disk_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -68,7 +67,7 @@ func TestDiskFullOnANode(t *testing.T) {
 
 	// The kubelet has seen the filled store, then written the node's
 	// status three times, at least one eviction pass apart.
-	fs := kubeletImageFs(t, func(fs imageFsStats) bool {
+	fs := kubeletImageFs(t, func(fs cluster.ImageFs) bool {
 		capacity, used, err := n.ImageStoreUsage()
 		avail := capacity - used
 		return err == nil && fs.AvailableBytes < avail+4<<20 && avail < fs.AvailableBytes+4<<20
@@ -93,44 +92,13 @@ func TestDiskFullOnANode(t *testing.T) {
 
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
-// imageFsStats is the kubelet's summary of its image filesystem.
-type imageFsStats struct {
-	Time           time.Time `json:"time"`
-	AvailableBytes uint64    `json:"availableBytes"`
-	CapacityBytes  uint64    `json:"capacityBytes"`
-	UsedBytes      uint64    `json:"usedBytes"`
-}
-
-// kubeletImageFs reads the kubelet's stats summary (through the
-// apiserver's node proxy) until its image filesystem stats satisfy ok
-// (cAdvisor refreshes them at its own pace), and returns them.
-func kubeletImageFs(t *testing.T, ok func(imageFsStats) bool) imageFsStats {
+// kubeletImageFs reads the kubelet's image filesystem stats until ok
+// holds for them (nil: once they have a capacity), at most a minute.
+func kubeletImageFs(t *testing.T, ok func(cluster.ImageFs) bool) cluster.ImageFs {
 	t.Helper()
-	cs, err := c.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var fs imageFsStats
-	err = cluster.Poll(ctx, 500*time.Millisecond, "the kubelet's image filesystem stats", func() (bool, string) {
-		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", c.Nodes()[0].Name, "proxy", "stats", "summary").DoRaw(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		var summary struct {
-			Node struct {
-				Runtime struct {
-					ImageFs imageFsStats `json:"imageFs"`
-				} `json:"runtime"`
-			} `json:"node"`
-		}
-		if err := json.Unmarshal(raw, &summary); err != nil {
-			return false, err.Error()
-		}
-		fs = summary.Node.Runtime.ImageFs
-		return fs.CapacityBytes > 0 && (ok == nil || ok(fs)), fmt.Sprintf("%+v", fs)
-	})
+	fs, err := c.KubeletImageFs(ctx, c.Nodes()[0].Name, ok)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
@@ -67,14 +68,18 @@ type Deployment struct {
 	StandIns []string
 	// Key is the node label and annotation key of the instance.
 	Key string
-	// Labeled is "node=value" for every node once all are labeled.
+	// Selector is the rendered DaemonSet's nodeSelector: the nodes it runs
+	// on, the ones Deploy waits for.
+	Selector string
+	// Labeled is "node=value" for every selected node once all are
+	// labeled.
 	Labeled []string
 }
 
 // Deploy renders opts.Example, pushes stand-ins, applies the output and
-// waits until every node carries the instance's label. On error the
-// returned Deployment holds what was done so far (its Objects are set
-// once rendering succeeded), for clean-up.
+// waits until every node the DaemonSet selects carries the instance's
+// label. On error the returned Deployment holds what was done so far (its
+// Objects are set once rendering succeeded), for clean-up.
 func Deploy(ctx context.Context, c *cluster.Cluster, opts Options) (*Deployment, error) {
 	if opts.Out == nil {
 		opts.Out = io.Discard
@@ -96,6 +101,7 @@ func Deploy(ctx context.Context, c *cluster.Cluster, opts Options) (*Deployment,
 		return d, err
 	}
 	d.Key = v1alpha1.LabelDomain + "/" + d.Instance
+	d.Selector = NodeSelector(d.Objects)
 	if d.StandIns, err = PushStandIns(ctx, c, d.Images, opts.AgentRef); err != nil {
 		return d, err
 	}
@@ -106,8 +112,8 @@ func Deploy(ctx context.Context, c *cluster.Cluster, opts Options) (*Deployment,
 	if err := Apply(ctx, c, rendered, opts.Out); err != nil {
 		return d, err
 	}
-	opts.Progress("waiting up to %s for every node to carry the label %s", opts.Timeout, d.Key)
-	d.Labeled, err = WaitLabeled(ctx, c, d.Namespace, d.Key, opts.Timeout, opts.Progress)
+	opts.Progress("waiting up to %s for every node (%s) to carry the label %s", opts.Timeout, d.Selector, d.Key)
+	d.Labeled, err = WaitLabeled(ctx, c, d.Namespace, d.Key, d.Selector, opts.Timeout, opts.Progress)
 	return d, err
 }
 
@@ -190,6 +196,18 @@ func Describe(objs []*unstructured.Unstructured) (instance, namespace string, im
 	return instance, namespace, list.Refs(), nil
 }
 
+// NodeSelector is the rendered DaemonSet's nodeSelector, as a label
+// selector ("" selects every node).
+func NodeSelector(objs []*unstructured.Unstructured) string {
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			sel, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "spec", "nodeSelector")
+			return labels.SelectorFromSet(sel).String()
+		}
+	}
+	return ""
+}
+
 // PushStandIns gives every listed image except the pause image and the
 // agent a small image under that name: the cluster has no way out to
 // docker.io, but its containerd resolves docker.io, ghcr.io,
@@ -267,10 +285,12 @@ func Apply(ctx context.Context, c *cluster.Cluster, rendered []byte, out io.Writ
 	return nil
 }
 
-// WaitLabeled polls until every node has the label key, reporting progress
-// every 10 s, and returns "node=value" for each. On timeout it says which
-// nodes lack it and what the pods of namespace are doing.
-func WaitLabeled(ctx context.Context, c *cluster.Cluster, namespace, key string, timeout time.Duration, progress func(string, ...any)) ([]string, error) {
+// WaitLabeled polls until every node that selector selects has the label
+// key, reporting progress every 10 s, and returns "node=value" for each.
+// On timeout it says which nodes lack it and what the pods of namespace
+// are doing.
+func WaitLabeled(ctx context.Context, c *cluster.Cluster, namespace, key, selector string, timeout time.Duration,
+	progress func(string, ...any)) ([]string, error) {
 	cs, err := c.Clientset()
 	if err != nil {
 		return nil, err
@@ -282,7 +302,7 @@ func WaitLabeled(ctx context.Context, c *cluster.Cluster, namespace, key string,
 	var missing []string
 	var pods string
 	for {
-		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err == nil {
 			missing = missing[:0]
 			var done []string

@@ -37,6 +37,7 @@ spec:
 		wantInstance  string
 		wantNamespace string
 		wantImages    []string
+		wantSelector  string
 		wantErr       string
 	}{
 		{
@@ -45,6 +46,7 @@ spec:
 			wantInstance:  "quickstart",
 			wantNamespace: "image-prefetcher",
 			wantImages:    []string{"registry.k8s.io/pause:3.10", "docker.io/library/busybox:1.37", "docker.io/library/nginx:1.27"},
+			wantSelector:  "kubernetes.io/os=linux",
 		},
 		{name: "no DaemonSet", manifests: noDaemonSet, wantErr: "no DaemonSet with an INSTANCE_NAME"},
 		{name: "no image list", manifests: noList, wantErr: "no image-list ConfigMap"},
@@ -72,6 +74,9 @@ spec:
 			want := slices.Sorted(slices.Values(tc.wantImages))
 			if !slices.Equal(images, want) {
 				t.Errorf("images = %v, want %v", images, want)
+			}
+			if sel := NodeSelector(objs); sel != tc.wantSelector {
+				t.Errorf("NodeSelector = %q, want %q", sel, tc.wantSelector)
 			}
 		})
 	}
