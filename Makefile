@@ -174,7 +174,9 @@ release: tools
 # `make test` starts every phase as soon as its inputs are there (make -j):
 # the unit tests, the Kubernetes build, apt then the runtime builds, and the
 # project's binaries, tools and OCI layouts all start at once; the tests
-# against real components start when all of them are done. Each phase's
+# against real components start when the builds are done, beside the unit
+# tests, which they do not need (most of their time is waiting on kubelets
+# and runtimes, and the unit tests use the cores meanwhile). Each phase's
 # lines are prefixed with [phase]; the log ends with one line per phase
 # (start, duration, result), also when a phase failed.
 TEST_PHASES := $(CURDIR)/out/test-phases
@@ -190,22 +192,24 @@ endef
 
 .PHONY: test-phases phase-unit phase-kube phase-host-deps phase-containerd phase-cri-o phase-build phase-e2e
 test:
-	@mkdir -p $(dir $(TEST_PHASES)); : > $(TEST_PHASES); rm -f $(E2E_LOG); t0=$$(date +%s); rc=0; \
+	@mkdir -p $(dir $(TEST_PHASES)); : > $(TEST_PHASES); rm -f $(E2E_LOG) $(UNIT_LOG); t0=$$(date +%s); rc=0; \
 	 $(MAKE) --no-print-directory -j test-phases T0=$$t0 || rc=$$?; \
-	 echo ">> make test: phase times (the phases before e2e overlap)"; \
+	 echo ">> make test: phase times (phases overlap)"; \
 	 awk -v total=$$(( $$(date +%s) - t0 )) -v rc=$$rc ' \
 	   function d(x) { return sprintf("%dm%02ds", x / 60, x % 60) } \
 	   { printf ">>   %-10s start +%-7s took %-7s %s\n", $$1, d($$2), d($$3), ($$4 == 0 ? "ok" : "FAILED (exit " $$4 ")") } \
 	   END { printf ">>   %-10s %s, %s\n", "total", d(total), (rc == 0 ? "passed" : "FAILED") }' $(TEST_PHASES); \
-	 if [ $$rc -ne 0 ] && [ -s $(E2E_LOG) ]; then \
-	   echo ">> what failed (the whole output: $(E2E_LOG))"; \
-	   grep -E -- '^ *--- FAIL|^FAIL|^panic:' $(E2E_LOG) | head -n 25 || true; \
-	 fi; \
+	 for log in $(UNIT_LOG) $(E2E_LOG); do \
+	   if [ $$rc -ne 0 ] && grep -qE -- '^ *--- FAIL|^FAIL|^panic:' $$log 2>/dev/null; then \
+	     echo ">> what failed (the whole output: $$log)"; \
+	     grep -E -- '^ *--- FAIL|^FAIL|^panic:' $$log | head -n 25 || true; \
+	   fi; \
+	 done; \
 	 exit $$rc
 
-test-phases: phase-e2e
+test-phases: phase-e2e phase-unit
 phase-unit:
-	$(call phase,unit,$(MAKE) --no-print-directory unit)
+	$(call phase,unit,$(MAKE) --no-print-directory unit | tee $(UNIT_LOG))
 phase-kube:
 	$(call phase,kube,$(MAKE) --no-print-directory kube)
 phase-host-deps:
@@ -216,7 +220,7 @@ phase-cri-o: phase-host-deps
 	$(call phase,cri-o,$(RUNTIMES_BUILD) cri-o)
 phase-build:
 	$(call phase,build,$(MAKE) --no-print-directory oci test-tools fn-darwin)
-phase-e2e: phase-unit phase-kube phase-containerd phase-cri-o phase-build
+phase-e2e: phase-kube phase-containerd phase-cri-o phase-build
 	$(call phase,e2e,$(E2E_TEST))
 
 # ./docs/: every flag, API field, metric, reason and exit code the code has
@@ -240,6 +244,7 @@ E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./te
 # test cache sees the test code, not the apiserver, kubelets and runtimes
 # the tests drive, so a cached pass (tests/scale's was) proves nothing.
 E2E_LOG      := $(CURDIR)/out/e2e.log
+UNIT_LOG     := $(CURDIR)/out/unit.log
 E2E_TEST      = echo ">> tests against real components, $(E2E_PARALLEL) packages at a time" && go test -p $(E2E_PARALLEL) -count=1 -timeout 60m -v $(E2E_PKGS) 2>&1 | tee $(E2E_LOG)
 e2e: build test-tools host-deps kube runtimes oci
 	@$(E2E_TEST)
