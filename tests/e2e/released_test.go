@@ -10,9 +10,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/sigstore/sigstore/pkg/signature"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -32,6 +34,71 @@ func Test15ReleasedQuickstart(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	rel := releaseOf(t, version.Version)
+	objs, err := demo.Decode(rel.quickstart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, ns, images, err := demo.Describe(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standIns, err := demo.PushStandIns(ctx, c, images, rel.agentRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered before deploy, so that the instance goes first.
+	forgetImages(t, standIns...)
+	d := e.deploy(t, instance{Name: name, Namespace: ns}, rel.quickstart)
+	for _, o := range d.objs {
+		if o.GetKind() != "DaemonSet" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, ct := range cs {
+			if img, _, _ := unstructured.NestedString(ct.(map[string]any), "image"); img != rel.agentRef {
+				t.Errorf("the released DaemonSet runs %s, want %s", img, rel.agentRef)
+			}
+		}
+	}
+	for _, n := range c.Nodes() {
+		st := e.waitLabel(t, d, n.Name, "succeeded", labelWait)
+		if st.summary.Present != len(images) {
+			t.Errorf("%s: %d of %d images present", n.Name, st.summary.Present, len(images))
+		}
+	}
+}
+
+// published is one release of this tree in the cluster's registry.
+type published struct {
+	version string
+	// agent is the agent image index pushed; agentRef names it as the
+	// manifests do (repository:version@digest).
+	agent    name.Digest
+	agentRef string
+	// quickstart is the release's quickstart.yaml.
+	quickstart []byte
+}
+
+var (
+	releasesMu sync.Mutex
+	releases   = map[string]published{}
+)
+
+// releaseOf publishes this tree at version into the cluster's registry
+// under /released, with `make release`'s code, once per version and run:
+// Test15's release is the upgrade's first one, so that a run of both
+// builds two releases, not three. The files are kept in memory; the
+// directory goes with the test that made it.
+func releaseOf(t *testing.T, ver string) published {
+	t.Helper()
+	releasesMu.Lock()
+	defer releasesMu.Unlock()
+	if r, ok := releases[ver]; ok {
+		return r
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -42,9 +109,10 @@ func Test15ReleasedQuickstart(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	out := filepath.Join(tmp, "release")
+	start := time.Now()
 	res, err := release.Run(ctx, release.Config{
 		SrcDir:    repoRoot(),
-		Version:   version.Version,
+		Version:   ver,
 		Registry:  cluster.RegistryAddr + "/released",
 		OutDir:    out,
 		WorkDir:   filepath.Join(tmp, "work"),
@@ -54,43 +122,14 @@ func Test15ReleasedQuickstart(t *testing.T) {
 		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
-		t.Fatalf("release: %v", err)
+		t.Fatalf("release %s: %v", ver, err)
 	}
-	agent := release.Pinned(res.Agent, version.Version)
-	rendered, err := os.ReadFile(filepath.Join(out, release.QuickstartManifest))
+	quickstart, err := os.ReadFile(filepath.Join(out, release.QuickstartManifest))
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := demo.Decode(rendered)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, ns, images, err := demo.Describe(objs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	standIns, err := demo.PushStandIns(ctx, c, images, agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered before deploy, so that the instance goes first.
-	forgetImages(t, standIns...)
-	d := e.deploy(t, instance{Name: name, Namespace: ns}, rendered)
-	for _, o := range d.objs {
-		if o.GetKind() != "DaemonSet" {
-			continue
-		}
-		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-		for _, ct := range cs {
-			if img, _, _ := unstructured.NestedString(ct.(map[string]any), "image"); img != agent {
-				t.Errorf("the released DaemonSet runs %s, want %s", img, agent)
-			}
-		}
-	}
-	for _, n := range c.Nodes() {
-		st := e.waitLabel(t, d, n.Name, "succeeded", labelWait)
-		if st.summary.Present != len(images) {
-			t.Errorf("%s: %d of %d images present", n.Name, st.summary.Present, len(images))
-		}
-	}
+	r := published{version: ver, agent: res.Agent, agentRef: release.Pinned(res.Agent, ver), quickstart: quickstart}
+	logf(t, "released %s in %.1fs: agent %s", ver, time.Since(start).Seconds(), r.agentRef)
+	releases[ver] = r
+	return r
 }

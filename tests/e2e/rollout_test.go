@@ -13,7 +13,8 @@ import (
 )
 
 // labelWatcher watches every Node and records each time the instance's
-// label is not "succeeded", from the moment it starts.
+// label is not "succeeded", or its annotation is missing, from the moment
+// it starts.
 type labelWatcher struct {
 	mu         sync.Mutex
 	events     int
@@ -69,8 +70,9 @@ func (e env) watchLabel(t *testing.T, key string) *labelWatcher {
 				w.mu.Lock()
 				w.events++
 				w.mu.Unlock()
-				if v := n.Labels[key]; v != "succeeded" || ev.Type == watch.Deleted {
-					w.record(fmt.Sprintf("%s %s: label %q at %s", ev.Type, n.Name, v, time.Now().Format(time.RFC3339Nano)))
+				if v := n.Labels[key]; v != "succeeded" || n.Annotations[key] == "" || ev.Type == watch.Deleted {
+					w.record(fmt.Sprintf("%s %s: label %q, annotation %q at %s", ev.Type, n.Name, v, n.Annotations[key],
+						time.Now().Format(time.RFC3339Nano)))
 				}
 			}
 		}

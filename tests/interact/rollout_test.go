@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/image-prefetcher/image-prefetcher/agent/label"
 	"github.com/image-prefetcher/image-prefetcher/agent/pin"
 )
 
@@ -83,7 +84,9 @@ func waitDaemonSet(t *testing.T, in *instance, what string, cond func(*appsv1.Da
 // renames the DaemonSet after the function rendered the RBAC. With herd
 // control on, fetch reads the herd's size from that DaemonSet and takes a
 // slot. A watch on the node, open for the whole rollout, must never see
-// the key leave succeeded; deleting the DaemonSet then removes it.
+// the key leave succeeded; the image stays pinned under the instance's
+// mark (an agent upgrade rolls the same way: tests/e2e's nodes cannot
+// pin); deleting the DaemonSet then removes the key.
 func rolloutKeepsTheKey(t *testing.T) {
 	for i, tc := range []struct {
 		name, above string
@@ -94,13 +97,17 @@ func rolloutKeepsTheKey(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-characters%s", len(tc.name), map[bool]string{true: "-namePrefix-above"}[tc.above != ""]), func(t *testing.T) {
 			t.Parallel()
 			img := c.PushData(t, int64(2610+i), 64<<10, "keep-"+fmt.Sprint(i))[0]
-			herd := "  pull:\n    maxConcurrentNodes: 1\n"
+			herd := "  pull:\n    maxConcurrentNodes: 1\n" + pinBudget
 			in := &instance{name: tc.name, namespace: fmt.Sprintf("interact-keep-%d", i), above: tc.above, spec: images(img) + nodeSpec(i) + herd}
 			deploy(t, in)
 			node := nodeName(i)
-			waitNode(t, node, "labeled", 2*time.Minute, func(n *corev1.Node) (bool, string) {
-				return n.Labels[in.key()] == "succeeded", keyState(n, in.key(), "")
+			waitNode(t, node, "labeled, the image pinned", 2*time.Minute, func(n *corev1.Node) (bool, string) {
+				return n.Labels[in.key()] == "succeeded" && pinsImages(n, in.key(), 1), keyState(n, in.key(), "")
 			})
+			mark := pin.MarkKey(in.namespace, in.name)
+			if pinned, l := pinOf(t, i, img); !pinned || l[mark] == "" {
+				t.Errorf("%s: CRI pinned %v, labels %v: want pinned under %s", img, pinned, l, mark)
+			}
 			waitRolledOut(t, in, 1)
 			old := podsOf(t, in)
 			if log := podLog(t, old[0], "fetch"); !strings.Contains(log, `msg="acquired pull slot"`) || strings.Contains(log, "cannot read the DaemonSet's size") {
@@ -118,6 +125,16 @@ func rolloutKeepsTheKey(t *testing.T) {
 			}
 			if seen := w.finish(); !slices.Equal(seen, []string{"succeeded"}) {
 				t.Errorf("the label took the values %q during a rollout that kept the list, want succeeded throughout", seen)
+			}
+			checked := func(n *corev1.Node) (bool, string) {
+				s, err := label.Parse(n.Annotations[in.key()])
+				ok := err == nil && s.Pod == string(now[0].UID) && pinsImages(n, in.key(), 1)
+				return ok, keyState(n, in.key(), "")
+			}
+			waitNode(t, node, "the new pod's check written, the image pinned", 2*time.Minute, checked)
+			if pinned, l := pinOf(t, i, img); !pinned || l[mark] == "" {
+				t.Errorf("%s after the rollout: CRI pinned %v, labels %v: want still pinned under %s",
+					img, pinned, l, mark)
 			}
 			if err := cs.AppsV1().DaemonSets(in.namespace).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + in.name}); err != nil {
 				t.Fatal(err)
