@@ -236,7 +236,7 @@ unit:
 # Each package starts its own cluster in a network namespace of its own, and
 # most of their time is waiting on kubelets and runtimes: E2E_PARALLEL
 # packages run side by side, the longest first (docs/testing.md).
-E2E_PARALLEL ?= 3
+E2E_PARALLEL ?= 4
 E2E_FIRST    := e2e conformance slots runtimes interact examples pins readiness
 E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./tests/,$(E2E_FIRST)),$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}./{{slice .ImportPath (len "$(MODULE)/")}}{{end}}' ./tests/...))
 # The whole output also goes to $(E2E_LOG): make test names the failed
