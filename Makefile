@@ -202,7 +202,7 @@ test:
 	 for log in $(UNIT_LOG) $(E2E_LOG); do \
 	   if [ $$rc -ne 0 ] && grep -qE -- '^ *--- FAIL|^FAIL|^panic:' $$log 2>/dev/null; then \
 	     echo ">> what failed (the whole output: $$log)"; \
-	     grep -E -- '^ *--- FAIL|^FAIL|^panic:' $$log | head -n 25 || true; \
+	     awk -f tests/cluster/hack/failures.awk $$log | head -n 200 || true; \
 	   fi; \
 	 done; \
 	 exit $$rc
@@ -239,8 +239,9 @@ unit:
 E2E_PARALLEL ?= 4
 E2E_FIRST    := e2e conformance slots runtimes interact examples pins readiness
 E2E_PKGS      = $(addprefix ./tests/,$(E2E_FIRST)) $(filter-out $(addprefix ./tests/,$(E2E_FIRST)),$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}./{{slice .ImportPath (len "$(MODULE)/")}}{{end}}' ./tests/...))
-# The whole output also goes to $(E2E_LOG): make test names the failed
-# tests at its very end, where a CI log's tail shows them. -count=1: Go's
+# The whole output also goes to $(E2E_LOG): at its very end, where a CI
+# log's tail shows them, make test names the failed tests, each with its
+# last lines (tests/cluster/hack/failures.awk). -count=1: Go's
 # test cache sees the test code, not the apiserver, kubelets and runtimes
 # the tests drive, so a cached pass (tests/scale's was) proves nothing.
 E2E_LOG      := $(CURDIR)/out/e2e.log
