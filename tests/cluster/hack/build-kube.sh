@@ -17,7 +17,7 @@ staging_version="v0.${KUBE_VERSION#v1.}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-echo ">> building Kubernetes $KUBE_VERSION ${missing[*]} into $CACHE (first time only, ~6 min on 2 cores for all)"
+echo ">> building Kubernetes $KUBE_VERSION ${missing[*]} into $CACHE (first time only)"
 gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
 {
   echo "module kubebuild"
@@ -40,10 +40,15 @@ GOFLAGS=-mod=mod go get "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 mkdir -p "$CACHE"
-for b in "${missing[@]}"; do
-  echo ">> go build $b"
-  # Build beside the cache and rename, so that a cached binary is always whole.
-  CGO_ENABLED=0 GOFLAGS=-mod=mod go build -tags tools -ldflags "$ldflags" -o "$CACHE/.$b.tmp" "k8s.io/kubernetes/cmd/$b"
-  mv "$CACHE/.$b.tmp" "$CACHE/$b"
-done
+pkgs=()
+for b in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+echo ">> go build ${missing[*]}"
+# One go build for all, so that each link overlaps the compiling of other
+# binaries' packages (a build each waited for every link in turn).
+out="$CACHE/.build"
+rm -rf "$out" && mkdir -p "$out"
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -tags tools -ldflags "$ldflags" -o "$out/" "${pkgs[@]}"
+# Built beside the cache and renamed, so that a cached binary is always whole.
+for b in "${missing[@]}"; do mv "$out/$b" "$CACHE/$b"; done
+rmdir "$out"
 echo ">> kube binaries ready in $CACHE"
