@@ -378,8 +378,8 @@ func TestKustomizeReportsErrors(t *testing.T) {
 
 // kustomize runs a function from the directory of the kustomization that
 // lists it: a Component there means the including kustomization's patches
-// of the ImagePrefetcher come after the function (the warning; the real
-// kustomize's case is tests/render's TestFunctionInAComponent).
+// and namespace: come after the function, which then refuses to run (the
+// real kustomize's case is tests/render's TestIdentityOnAPIServer).
 func TestComponentKustomization(t *testing.T) {
 	for _, tc := range []struct {
 		file, content string

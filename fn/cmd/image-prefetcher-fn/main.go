@@ -52,8 +52,12 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 			}
 			fmt.Fprintf(stderr, "image-prefetcher-fn: %s\n", describe(r))
 		}
+		// The function cannot see the kustomization that includes a
+		// Component, so it cannot tell whether that kustomization's patches
+		// or namespace: will undo what it rendered.
 		if file := componentKustomization("."); file != "" {
-			fmt.Fprintf(stderr, "image-prefetcher-fn: warning: run from the kustomize Component %s: kustomize runs a component's transformers before the patches, namespace and namePrefix of the kustomization that includes it, so a patch of the ImagePrefetcher there is silently lost, and a namespace: there moves the agent away from the namespace it was rendered for (the agent then refuses to run); list the function under transformers: of the top kustomization instead (docs/integrations/kustomize.md)\n", file)
+			fmt.Fprintf(stderr, "image-prefetcher-fn: error: declared in the kustomize Component %s: kustomize runs a Component's functions before the patches: and namespace: of the kustomization that includes it, so a patch of the ImagePrefetcher there would be lost and a namespace: there would move the agent away from its admission policy; list the function under transformers: of the kustomization that includes the Component instead (docs/integrations/kustomize.md#where-namespace-and-images-must-go)\n", file)
+			return 1
 		}
 	}
 	if _, err := stdout.Write(out); err != nil {
