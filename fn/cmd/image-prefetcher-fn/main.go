@@ -44,9 +44,10 @@ func run(stdin io.Reader, stdout, stderr io.Writer, args []string) int {
 	// kpt shows the results of every run; printing them again on stderr
 	// would show each twice. kustomize shows only stderr.
 	if by != krm.Kpt {
+		files := &origins{dir: "."}
 		for _, r := range results {
 			if r.File == nil && r.ResourceRef != nil {
-				if p := originOf(".", r.ResourceRef); p != "" {
+				if p := files.of(r.ResourceRef); p != "" {
 					r.File = &framework.File{Path: p}
 				}
 			}
