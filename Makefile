@@ -147,8 +147,9 @@ oci: build
 	  $(foreach p,$(OCI_PLATFORMS),-platform $(p)=$(OUT_BIN)/$(subst /,_,$(p))/image-prefetcher-fn)
 
 # The function's darwin builds, which tests/release's release makes: compiled
-# in the build phase, so that on a fresh machine they do not compete with the
-# test clusters for the two cores (the Go build cache keeps them).
+# beside the builds, at the unit tests' lower priority, so that on a fresh
+# machine they compete neither with the builds the clusters wait for nor
+# with the clusters (the Go build cache keeps them).
 .PHONY: fn-darwin
 fn-darwin:
 	for arch in amd64 arm64; do GOOS=darwin GOARCH=$$arch go build -o /dev/null ./fn/cmd/image-prefetcher-fn; done
@@ -208,8 +209,11 @@ test:
 	 exit $$rc
 
 test-phases: phase-e2e phase-unit
+# Nothing waits for the unit tests and the darwin builds: on a fresh machine
+# they yield the two cores to the builds the clusters wait for (nice), and
+# take what the clusters leave.
 phase-unit:
-	$(call phase,unit,$(MAKE) --no-print-directory unit | tee $(UNIT_LOG))
+	$(call phase,unit,nice -n 10 $(MAKE) --no-print-directory unit fn-darwin | tee $(UNIT_LOG))
 phase-kube:
 	$(call phase,kube,$(MAKE) --no-print-directory kube)
 phase-host-deps:
@@ -219,7 +223,7 @@ phase-containerd:
 phase-cri-o: phase-host-deps
 	$(call phase,cri-o,$(RUNTIMES_BUILD) cri-o)
 phase-build:
-	$(call phase,build,$(MAKE) --no-print-directory oci test-tools fn-darwin)
+	$(call phase,build,$(MAKE) --no-print-directory oci test-tools)
 phase-e2e: phase-kube phase-containerd phase-cri-o phase-build
 	$(call phase,e2e,$(E2E_TEST))
 
