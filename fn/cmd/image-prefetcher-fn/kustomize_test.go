@@ -379,7 +379,7 @@ func TestKustomizeReportsErrors(t *testing.T) {
 // kustomize runs a function from the directory of the kustomization that
 // lists it: a Component there means the including kustomization's patches
 // and namespace: come after the function, which then refuses to run (the
-// real kustomize's case is tests/render's TestIdentityOnAPIServer).
+// real kustomize's case is tests/render's TestFunctionInAComponent).
 func TestComponentKustomization(t *testing.T) {
 	for _, tc := range []struct {
 		file, content string
