@@ -193,6 +193,10 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 	var mu sync.Mutex
 	dropped, lostHolder := false, "" // the holder the lost write named
 	var lostEnd error                // how its call ended
+	// Closed when the write's answer reaches the node (and is dropped).
+	// The watch event of that write may come first, so Hold can return
+	// before it.
+	answered := make(chan struct{})
 	a := e.wrappedGate(t, token, instance, slots.Config{Slots: 1, Identity: "a", LeaseDuration: 2 * time.Second},
 		func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(r)
@@ -208,6 +212,7 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 					t.Errorf("the take's answer: %v %v", rerr, derr)
 				}
 				resp.Body.Close()
+				close(answered)
 			}
 			mu.Unlock()
 			if !lose {
@@ -226,6 +231,11 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 	l, err := e.admin.CoordinationV1().Leases(e.ns).Get(ctx, h.Name(), metav1.GetOptions{})
 	if err != nil || holderOf(l) != h.Identity() {
 		t.Fatalf("Lease %s: holder %q (%v), want %q", h.Name(), holderOf(l), err, h.Identity())
+	}
+	select {
+	case <-answered:
+	case <-ctx.Done():
+		t.Fatal("the take's write was never answered")
 	}
 	mu.Lock()
 	if lostHolder != h.Identity() || lostEnd != nil {
