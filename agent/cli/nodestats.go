@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/disk"
 	"github.com/image-prefetcher/image-prefetcher/agent/kube"
@@ -21,17 +22,17 @@ type nodeFiguresGetter interface {
 // it. It answers from the last reading, read in the background and asked
 // again with backoff for the life of the process: a kubelet or apiserver
 // that fails now gives figures once it answers.
-func (a *agent) kubeletImageFs(ctx context.Context) func(context.Context) (uint64, uint64, error) {
+func (a *agent) kubeletImageFs(ctx context.Context) func(context.Context) (uint64, uint64, time.Time, error) {
 	g, ok := a.kube.(nodeFiguresGetter)
 	if !ok || a.flags.nodeName == "" || !a.flags.kubeletStats {
 		return nil
 	}
 	f := g.NodeFigures(ctx, a.flags.nodeName)
-	return func(context.Context) (uint64, uint64, error) {
+	return func(context.Context) (uint64, uint64, time.Time, error) {
 		fs, err := f.ImageFs()
 		if errors.Is(err, kube.ErrNoKubeletStats) {
 			err = fmt.Errorf("%w: %w", disk.ErrNoSource, err)
 		}
-		return fs.CapacityBytes, fs.AvailableBytes, err
+		return fs.CapacityBytes, fs.AvailableBytes, fs.ReadAt, err
 	}
 }

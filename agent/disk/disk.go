@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,6 +46,10 @@ type Usage struct {
 	// when statfs failed.
 	CapacityBytes  uint64
 	AvailableBytes uint64
+	// ReadAt is when the capacity and available bytes were read: the
+	// moment of the look for statfs, the kubelet's last reading, which may
+	// be seconds old, for the kubelet.
+	ReadAt time.Time
 }
 
 // Known reports whether the capacity is known.
@@ -92,10 +97,10 @@ type Reader struct {
 	// path is not mounted in the pod: the default). Nil: not asked.
 	Root *OwnRoot
 	// Kubelet returns the image filesystem's capacity and available bytes
-	// as the kubelet's stats summary has them; asked when neither statfs
-	// answers. It must not wait on the network: it returns its last
-	// reading. Nil: not asked.
-	Kubelet func(ctx context.Context) (capacity, available uint64, err error)
+	// as the kubelet's stats summary has them, and when it read them;
+	// asked when neither statfs answers. It must not wait on the network:
+	// it returns its last reading. Nil: not asked.
+	Kubelet func(ctx context.Context) (capacity, available uint64, readAt time.Time, err error)
 }
 
 // Read asks the runtime where its images are and how many bytes they take
@@ -129,26 +134,30 @@ func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 		statfs = Statfs
 	}
 	u := Usage{Mountpoint: mountpoint}
+	readAt := time.Now()
 	capacity, avail, err := statfs(mountpoint)
 	// Not mounted is the default, not a failure.
 	late := false
-	try := func(read func() (uint64, uint64, error)) {
+	try := func(read func() (uint64, uint64, time.Time, error)) {
 		if err == nil {
 			return
 		}
-		c, a, serr := read()
+		c, a, at, serr := read()
 		if serr == nil {
-			capacity, avail, err = c, a, nil
+			capacity, avail, readAt, err = c, a, at, nil
 			return
 		}
 		late = late || !errors.Is(serr, ErrNoSource)
 		err = fmt.Errorf("%w; %w", serr, err)
 	}
 	if r.Root != nil {
-		try(func() (uint64, uint64, error) { return r.Root.Figures(mountpoint) })
+		try(func() (uint64, uint64, time.Time, error) {
+			c, a, err := r.Root.Figures(mountpoint)
+			return c, a, time.Now(), err
+		})
 	}
 	if r.Kubelet != nil {
-		try(func() (uint64, uint64, error) { return r.Kubelet(ctx) })
+		try(func() (uint64, uint64, time.Time, error) { return r.Kubelet(ctx) })
 	}
 	if err != nil {
 		if late {
@@ -160,7 +169,7 @@ func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 	if capacity == 0 {
 		return u, fmt.Errorf("%w: statfs %s reports a size of 0", ErrCapacityUnknown, mountpoint)
 	}
-	u.CapacityBytes, u.AvailableBytes = capacity, avail
+	u.CapacityBytes, u.AvailableBytes, u.ReadAt = capacity, avail, readAt
 	return u, nil
 }
 

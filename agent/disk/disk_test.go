@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/cri"
 )
@@ -25,11 +26,12 @@ func statfsOf(capacity, available uint64, err error) func(string) (uint64, uint6
 
 func TestRead(t *testing.T) {
 	const mp = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs"
+	readAt := time.Now().Add(-3 * time.Second) // the kubelet's last reading
 	tests := []struct {
 		name        string
 		rt          fakeRuntime
 		statfs      func(string) (uint64, uint64, error)
-		kubelet     func(context.Context) (uint64, uint64, error)
+		kubelet     func(context.Context) (uint64, uint64, time.Time, error)
 		want        Usage
 		wantErr     string
 		wantUnknown bool
@@ -58,14 +60,16 @@ func TestRead(t *testing.T) {
 			name:    "not mounted: the kubelet's figures",
 			rt:      fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp, UsedBytes: 7}}},
 			statfs:  statfsOf(0, 0, fs.ErrNotExist),
-			kubelet: func(context.Context) (uint64, uint64, error) { return 96 * mib, 40 * mib, nil },
-			want:    Usage{Mountpoint: mp, ImageBytes: 7, CapacityBytes: 96 * mib, AvailableBytes: 40 * mib},
+			kubelet: func(context.Context) (uint64, uint64, time.Time, error) { return 96 * mib, 40 * mib, readAt, nil },
+			want:    Usage{Mountpoint: mp, ImageBytes: 7, CapacityBytes: 96 * mib, AvailableBytes: 40 * mib, ReadAt: readAt},
 		},
 		{
-			name:        "neither source: both causes",
-			rt:          fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp, UsedBytes: 7}}},
-			statfs:      statfsOf(0, 0, fs.ErrNotExist),
-			kubelet:     func(context.Context) (uint64, uint64, error) { return 0, 0, errors.New("kubelet stats: 403 Forbidden") },
+			name:   "neither source: both causes",
+			rt:     fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp, UsedBytes: 7}}},
+			statfs: statfsOf(0, 0, fs.ErrNotExist),
+			kubelet: func(context.Context) (uint64, uint64, time.Time, error) {
+				return 0, 0, time.Time{}, errors.New("kubelet stats: 403 Forbidden")
+			},
 			want:        Usage{Mountpoint: mp, ImageBytes: 7},
 			wantErr:     "403 Forbidden; file does not exist",
 			wantUnknown: true,
@@ -74,9 +78,9 @@ func TestRead(t *testing.T) {
 			name:   "mounted: statfs, fresher than the kubelet",
 			rt:     fakeRuntime{fss: []cri.Filesystem{{Mountpoint: mp}}},
 			statfs: statfsOf(100, 50, nil),
-			kubelet: func(context.Context) (uint64, uint64, error) {
+			kubelet: func(context.Context) (uint64, uint64, time.Time, error) {
 				t.Error("the kubelet is asked though statfs answered")
-				return 0, 0, nil
+				return 0, 0, time.Time{}, nil
 			},
 			want: Usage{Mountpoint: mp, CapacityBytes: 100, AvailableBytes: 50},
 		},
@@ -102,7 +106,16 @@ func TestRead(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			before := time.Now()
 			got, err := Reader{Runtime: tt.rt, Statfs: tt.statfs, Kubelet: tt.kubelet}.Read(context.Background())
+			// statfs is read at the look; the kubelet's figures keep
+			// the time of its reading.
+			if got.Known() && tt.want.ReadAt.IsZero() {
+				if got.ReadAt.Before(before) {
+					t.Errorf("ReadAt %v, before the look at %v", got.ReadAt, before)
+				}
+				got.ReadAt = time.Time{}
+			}
 			if got != tt.want {
 				t.Errorf("Read() = %+v, want %+v", got, tt.want)
 			}

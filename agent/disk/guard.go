@@ -38,6 +38,8 @@ type Guard struct {
 	mu         sync.Mutex
 	mountpoint string
 	warned     bool
+	started    time.Time // when Start last let a pull start
+	burst      uint64    // the largest growth Watch saw over burstLooks looks
 }
 
 // Usage reads the filesystem. The mountpoint is asked of the runtime
@@ -66,18 +68,48 @@ func (g *Guard) Usage(ctx context.Context) (Usage, error) {
 // so once in the log and lets pulls start: the runtime's own "no space
 // left on device" still stops them.
 func (g *Guard) Check(ctx context.Context) error {
+	_, err := g.check(ctx, time.Time{})
+	return err
+}
+
+// Start is Check for one pull that starts when it returns nil. It waits
+// for figures read after the pull before it started: the kubelet's are
+// read every few seconds, and pulls started on one reading would all count
+// the same free bytes, however many the others take (statfs is read at
+// each look, so Start then waits for nothing). And, as Watch does for the
+// pulls in flight, it keeps room for the largest burst Watch has seen: a
+// pull that starts may land that much before the next look.
+func (g *Guard) Start(ctx context.Context) error {
+	g.mu.Lock()
+	after := g.started
+	g.mu.Unlock()
+	u, err := g.check(ctx, after)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if u.Known() && u.UsedBytes()+g.burst >= g.Ceiling.Limit(u.CapacityBytes) {
+		return &FullError{Usage: u, Ceiling: g.Ceiling, Projected: true}
+	}
+	g.started = time.Now()
+	return nil
+}
+
+// check is Check on figures read no earlier than after; it returns them.
+func (g *Guard) check(ctx context.Context, after time.Time) (Usage, error) {
 	u, err := g.Usage(ctx)
-	if Transient(err) {
-		u, err = g.awaitFigures(ctx, err)
+	if Transient(err) || err == nil && u.ReadAt.Before(after) {
+		u, err = g.awaitFigures(ctx, u, err, after)
 	}
 	if Transient(err) {
-		return fmt.Errorf("no pull starts while the image filesystem's figures are unknown: %w", err)
+		return u, fmt.Errorf("no pull starts while the image filesystem's figures are unknown: %w", err)
 	}
 	if err != nil {
 		g.warnOnce(err)
-		return nil
+		return u, nil
 	}
-	return g.Ceiling.Check(u)
+	return u, g.Ceiling.Check(u)
 }
 
 // Transient reports whether err, from Usage, Read or Stat, is a source
@@ -86,14 +118,14 @@ func Transient(err error) bool {
 	return errors.Is(err, ErrFiguresLate)
 }
 
-// awaitFigures looks again until the figures come, ctx ends, or
-// FiguresWait passes; it returns the last look.
-func (g *Guard) awaitFigures(ctx context.Context, err error) (Usage, error) {
+// awaitFigures looks again until figures read no earlier than after come,
+// ctx ends, or FiguresWait passes; it returns the last look.
+func (g *Guard) awaitFigures(ctx context.Context, u Usage, err error, after time.Time) (Usage, error) {
 	wait := g.FiguresWait
 	if wait <= 0 {
 		wait = DefaultFiguresWait
 	}
-	if g.Log != nil {
+	if err != nil && g.Log != nil {
 		g.Log.Info("no pull starts until the image filesystem's figures come", "maxWait", wait, "err", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -105,11 +137,13 @@ func (g *Guard) awaitFigures(ctx context.Context, err error) (Usage, error) {
 	for {
 		select {
 		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("%w: none read since %s", ErrFiguresLate, after.Format(time.RFC3339Nano))
+			}
 			return Usage{}, err
 		case <-t.C:
 		}
-		var u Usage
-		if u, err = g.Usage(ctx); !Transient(err) {
+		if u, err = g.Usage(ctx); !Transient(err) && (err != nil || !u.ReadAt.Before(after)) {
 			return u, err
 		}
 	}
@@ -145,7 +179,6 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 	t := time.NewTicker(g.interval())
 	defer t.Stop()
 	var recent []uint64
-	var burst uint64
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -178,13 +211,22 @@ func (g *Guard) Watch(ctx context.Context, full func(*FullError)) {
 		if len(recent) > burstLooks {
 			recent = recent[1:]
 		}
-		burst = max(burst, growth(recent[0], used))
+		burst := g.raiseBurst(growth(recent[0], used))
 		if used+max(2*grew, burst) >= limit {
 			full(&FullError{Usage: u, Ceiling: g.Ceiling, Projected: true})
 			return
 		}
 		recent = append(recent, used)
 	}
+}
+
+// raiseBurst records a growth over burstLooks looks, and returns the
+// largest so far.
+func (g *Guard) raiseBurst(grew uint64) uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.burst = max(g.burst, grew)
+	return g.burst
 }
 
 func (g *Guard) interval() time.Duration {

@@ -98,13 +98,13 @@ type lateSource struct {
 	looksWhenLate atomic.Int32
 }
 
-func (l *lateSource) figures(context.Context) (uint64, uint64, error) {
+func (l *lateSource) figures(context.Context) (uint64, uint64, time.Time, error) {
 	if time.Now().Before(l.ready) {
 		l.looksWhenLate.Add(1)
-		return 0, 0, errors.New("kubelet stats: 500 Internal Server Error")
+		return 0, 0, time.Time{}, errors.New("kubelet stats: 500 Internal Server Error")
 	}
 	u := min(l.used.Add(l.step.Load()), l.capacity)
-	return l.capacity, l.capacity - u, nil
+	return l.capacity, l.capacity - u, time.Now(), nil
 }
 
 // Finding 2 of issue 48: a figures source failing at the start of a run
@@ -168,5 +168,52 @@ func TestFiguresThatNeverCome(t *testing.T) {
 	err := g.Check(context.Background())
 	if err == nil || !Transient(err) || !strings.Contains(err.Error(), "500 Internal Server Error") {
 		t.Fatalf("Check = %v, want an error with the kubelet's answer", err)
+	}
+}
+
+// Start lets a pull start only on figures read after the last start: the
+// kubelet's come every few seconds, and pulls started on one reading all
+// count the same free bytes. statfs, read at each look, waits for nothing.
+func TestStartWaitsForAReadingAfterTheLastStart(t *testing.T) {
+	const period = 100 * time.Millisecond
+	var readings atomic.Int32
+	start := time.Now()
+	kubelet := func(context.Context) (uint64, uint64, time.Time, error) {
+		// The reading of the last full period, as kube.NodeFigures keeps it.
+		n := time.Since(start) / period
+		readings.Store(int32(n))
+		return 100 * mib, 90 * mib, start.Add(n * period), nil
+	}
+	tests := []struct {
+		name     string
+		reader   Reader
+		wantWait bool
+	}{
+		{name: "the kubelet's figures", wantWait: true,
+			reader: Reader{Runtime: &countingRuntime{mp: "/images"}, Statfs: statfsOf(0, 0, fs.ErrNotExist), Kubelet: kubelet}},
+		{name: "statfs", reader: Reader{Runtime: &countingRuntime{mp: "/images"}, Statfs: statfsOf(100*mib, 90*mib, nil)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &Guard{Reader: tt.reader, Ceiling: Ceiling{Percent: 80}, Interval: time.Millisecond}
+			if err := g.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			first := readings.Load()
+			began := time.Now()
+			if err := g.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			waited := time.Since(began)
+			if !tt.wantWait {
+				if waited > period/2 {
+					t.Errorf("the second start waited %s on statfs", waited)
+				}
+				return
+			}
+			if readings.Load() <= first {
+				t.Errorf("the second start came on reading %d, the first's", readings.Load())
+			}
+		})
 	}
 }

@@ -107,7 +107,8 @@ func (f *NodeFigures) refresh() {
 	defer f.mu.Unlock()
 	f.busy = false
 	if err == nil {
-		f.stats, f.last, f.at, f.err, f.backoff = k, fs, time.Now(), nil, 0
+		fs.ReadAt = time.Now()
+		f.stats, f.last, f.at, f.err, f.backoff = k, fs, fs.ReadAt, nil, 0
 		f.next = f.at.Add(f.MaxAge)
 	} else {
 		f.stats, f.err = k, err

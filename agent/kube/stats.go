@@ -23,6 +23,8 @@ type ImageFs struct {
 	CapacityBytes  uint64 `json:"capacityBytes"`
 	AvailableBytes uint64 `json:"availableBytes"`
 	UsedBytes      uint64 `json:"usedBytes"`
+	// ReadAt is when the agent read them (NodeFigures), not in the summary.
+	ReadAt time.Time `json:"-"`
 }
 
 // ErrNoKubeletStats is wrapped by the errors that asking again will not

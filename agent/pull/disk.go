@@ -13,6 +13,8 @@ import (
 type Disk interface {
 	// Check returns an error when no pull may start.
 	Check(ctx context.Context) error
+	// Start is Check for one pull, which starts when it returns nil.
+	Start(ctx context.Context) error
 	// Watch calls full once when the filesystem reaches the ceiling while
 	// pulls are in flight, until ctx ends.
 	Watch(ctx context.Context, full func(*disk.FullError))
@@ -26,6 +28,14 @@ func (p *Puller) checkDisk(ctx context.Context) error {
 		return nil
 	}
 	return p.cfg.Disk.Check(ctx)
+}
+
+// startDisk returns the reason the next pull may not start, or nil.
+func (p *Puller) startDisk(ctx context.Context) error {
+	if p.cfg.Disk == nil {
+		return nil
+	}
+	return p.cfg.Disk.Start(ctx)
 }
 
 // outOfSpace turns the runtime's "no space left on device" into the

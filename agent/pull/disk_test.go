@@ -250,12 +250,13 @@ func TestLateFiguresNeverPassTheCeiling(t *testing.T) {
 	fs := &memFS{capacity: 100 * mib, used: 10 * mib, chunk: mib}
 	ready := time.Now().Add(300 * time.Millisecond)
 	var lateLooks atomic.Int32
-	kubelet := func(context.Context) (uint64, uint64, error) {
+	kubelet := func(context.Context) (uint64, uint64, time.Time, error) {
 		if time.Now().Before(ready) {
 			lateLooks.Add(1)
-			return 0, 0, errors.New("kubelet stats: 500 Internal Server Error")
+			return 0, 0, time.Time{}, errors.New("kubelet stats: 500 Internal Server Error")
 		}
-		return fs.statfs("")
+		c, a, err := fs.statfs("")
+		return c, a, time.Now(), err
 	}
 	g := &disk.Guard{Reader: disk.Reader{Runtime: fs, Kubelet: kubelet,
 		Statfs: func(string) (uint64, uint64, error) { return 0, 0, errors.New("not mounted") }},
@@ -299,5 +300,61 @@ func stoppedAtCeiling(ctx context.Context, t *testing.T, fs *memFS, res []Result
 		if r.Reason != ReasonInsufficientDisk {
 			t.Errorf("%s: reason %q, want InsufficientDisk", r.Normalized, r.Reason)
 		}
+	}
+}
+
+// kubeletEvery is the kubelet source as kube.NodeFigures gives it: fs
+// read at most once a period, the last reading (and its time) in between.
+func kubeletEvery(fs *memFS, period time.Duration) func(context.Context) (uint64, uint64, time.Time, error) {
+	var mu sync.Mutex
+	var capacity, avail uint64
+	var at time.Time
+	return func(context.Context) (uint64, uint64, time.Time, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(at) >= period {
+			capacity, avail, _ = fs.statfs("")
+			at = time.Now()
+		}
+		return capacity, avail, at, nil
+	}
+}
+
+// Issue 48: with the kubelet's figures, read every few seconds, the pulls
+// started on one reading all counted the same free bytes: on a real node
+// whose pulls land within a reading, the run passed the ceiling
+// (tests/disk TestLateKubeletFigures). Each pull now starts on a reading
+// taken after the one before started, with room for the largest burst
+// seen: 10 -> 25 -> 40 -> 55, then the watch stops the run (55 and twice
+// the last growth pass 80), or one more starts first (55 and the largest
+// burst do not) and takes the disk to 70; the next would pass 80.
+func TestFiguresReadEverySoOftenHoldTheCeiling(t *testing.T) {
+	fs := &memFS{capacity: 100 * mib, used: 10 * mib}
+	rt := newScriptRuntime(nil)
+	rt.pulled = func(string) { fs.write(15 * mib) }
+	g := &disk.Guard{Reader: disk.Reader{Runtime: fs, Kubelet: kubeletEvery(fs, 20*time.Millisecond),
+		Statfs: func(string) (uint64, uint64, error) { return 0, 0, errors.New("not mounted") }},
+		Ceiling: disk.Ceiling{Percent: 80}, Interval: time.Millisecond, Log: discard}
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	res := New(rt, Config{Creds: noCreds{}, Parallelism: 4, Disk: g, Log: discard}).Run(ctx, entries("a:1", "b:1", "c:1", "d:1", "e:1", "f:1"), "")
+	if ctx.Err() != nil {
+		t.Fatal("the run ended at the test's guard")
+	}
+	limit := disk.Ceiling{Percent: 80}.Limit(100 * mib)
+	if fs.max >= limit {
+		t.Errorf("the disk reached %s, at or above the ceiling of %s", disk.Bytes(fs.max), disk.Bytes(limit))
+	}
+	var pulled int
+	for _, r := range res {
+		switch {
+		case r.Reason == "":
+			pulled++
+		case r.Reason != ReasonInsufficientDisk:
+			t.Errorf("%s: reason %q, want InsufficientDisk", r.Normalized, r.Reason)
+		}
+	}
+	if pulled < 3 || pulled > 4 {
+		t.Errorf("%d images pulled, want 3 or 4", pulled)
 	}
 }

@@ -480,18 +480,13 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (i
 			}
 			queue = nil
 		}
-		if full == nil && len(queue) > 0 && inFlight < p.cfg.Parallelism {
-			if err := p.checkDisk(ctx); err != nil {
+		// The disk is checked before each pull: figures that come every
+		// few seconds (the kubelet's) start one pull each.
+		for full == nil && inFlight < p.cfg.Parallelism && len(queue) > 0 {
+			if err := p.startDisk(ctx); err != nil {
 				stopForDisk(err)
+				break
 			}
-		}
-		if full != nil {
-			for _, j := range queue {
-				p.giveUpDisk(j, full)
-			}
-			queue = nil
-		}
-		for inFlight < p.cfg.Parallelism && len(queue) > 0 {
 			j := queue[0]
 			queue = queue[1:]
 			if j.r.Attempts == 0 {
@@ -500,6 +495,12 @@ func (p *Puller) pullAll(ctx context.Context, queue []*job, w *progressWatch) (i
 			j.r.Attempts++
 			inFlight++
 			go func() { attempts <- p.runAttempt(actx, j, w) }()
+		}
+		if full != nil {
+			for _, j := range queue {
+				p.giveUpDisk(j, full)
+			}
+			queue = nil
 		}
 		if inFlight == 0 && sleeping == 0 && len(queue) == 0 {
 			return interrupted

@@ -27,7 +27,7 @@ func (n *Node) kubeletAuth() (map[string]any, error) {
 	if !n.c.opts.KubeletAuth {
 		return nil, nil
 	}
-	cert, key := filepath.Join(n.Dir, "kubelet-serving.crt"), filepath.Join(n.Dir, "kubelet-serving.key")
+	cert, key := n.KubeletServingCert()
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "system:node:" + n.Name, Organization: []string{"system:nodes"}},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
@@ -47,6 +47,12 @@ func (n *Node) kubeletAuth() (map[string]any, error) {
 		},
 		"authorization": map[string]any{"mode": "Webhook"},
 	}, nil
+}
+
+// KubeletServingCert is the certificate and key node n's kubelet serves,
+// with Options.KubeletAuth: what a stand-in for the kubelet presents.
+func (n *Node) KubeletServingCert() (cert, key string) {
+	return filepath.Join(n.Dir, "kubelet-serving.crt"), filepath.Join(n.Dir, "kubelet-serving.key")
 }
 
 func (c *Cluster) kubeletClientCert() (cert, key string) {

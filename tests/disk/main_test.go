@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 		Deploys:         true,
 		Nodes:           1,
 		ImageStoreBytes: storeBytes,
+		// CA-signed kubelets with webhook authorization, as kubeadm with
+		// serverTLSBootstrap: TestLateKubeletFigures reads their stats.
+		KubeletAuth: true,
 		// The kubelet's defaults, in place of the harness's 1% thresholds
 		// and GC at 100/99.
 		KubeletConfig: map[string]any{
