@@ -46,9 +46,9 @@ type Usage struct {
 	// when statfs failed.
 	CapacityBytes  uint64
 	AvailableBytes uint64
-	// ReadAt is when the capacity and available bytes were read: the
-	// moment of the look for statfs, the kubelet's last reading, which may
-	// be seconds old, for the kubelet.
+	// ReadAt is when the kubelet's figures were read (they are read every
+	// few seconds, not at each look); zero when statfs gave them at this
+	// look.
 	ReadAt time.Time
 }
 
@@ -134,7 +134,7 @@ func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 		statfs = Statfs
 	}
 	u := Usage{Mountpoint: mountpoint}
-	readAt := time.Now()
+	var readAt time.Time
 	capacity, avail, err := statfs(mountpoint)
 	// Not mounted is the default, not a failure.
 	late := false
@@ -153,7 +153,7 @@ func (r Reader) Stat(ctx context.Context, mountpoint string) (Usage, error) {
 	if r.Root != nil {
 		try(func() (uint64, uint64, time.Time, error) {
 			c, a, err := r.Root.Figures(mountpoint)
-			return c, a, time.Now(), err
+			return c, a, time.Time{}, err
 		})
 	}
 	if r.Kubelet != nil {

@@ -72,13 +72,14 @@ func (g *Guard) Check(ctx context.Context) error {
 	return err
 }
 
-// Start is Check for one pull that starts when it returns nil. It waits
-// for figures read after the pull before it started: the kubelet's are
-// read every few seconds, and pulls started on one reading would all count
-// the same free bytes, however many the others take (statfs is read at
-// each look, so Start then waits for nothing). And, as Watch does for the
-// pulls in flight, it keeps room for the largest burst Watch has seen: a
-// pull that starts may land that much before the next look.
+// Start is Check for one pull that starts when it returns nil. On the
+// kubelet's figures, read every few seconds, pulls started on one reading
+// would all count the same free bytes, however many the others take. So
+// it waits for a reading taken after the pull before it started, and
+// keeps room for the largest burst Watch has seen, as Watch does for the
+// pulls in flight: what lands before the next reading is seen by neither.
+// statfs is read at each look: Watch sees a pull at once, and Start
+// neither waits nor keeps room.
 func (g *Guard) Start(ctx context.Context) error {
 	g.mu.Lock()
 	after := g.started
@@ -89,7 +90,8 @@ func (g *Guard) Start(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if u.Known() && u.UsedBytes()+g.burst >= g.Ceiling.Limit(u.CapacityBytes) {
+	reading := !u.ReadAt.IsZero()
+	if reading && u.Known() && u.UsedBytes()+g.burst >= g.Ceiling.Limit(u.CapacityBytes) {
 		return &FullError{Usage: u, Ceiling: g.Ceiling, Projected: true}
 	}
 	g.started = time.Now()
@@ -99,7 +101,7 @@ func (g *Guard) Start(ctx context.Context) error {
 // check is Check on figures read no earlier than after; it returns them.
 func (g *Guard) check(ctx context.Context, after time.Time) (Usage, error) {
 	u, err := g.Usage(ctx)
-	if Transient(err) || err == nil && u.ReadAt.Before(after) {
+	if Transient(err) || err == nil && stale(u, after) {
 		u, err = g.awaitFigures(ctx, u, err, after)
 	}
 	if Transient(err) {
@@ -143,10 +145,16 @@ func (g *Guard) awaitFigures(ctx context.Context, u Usage, err error, after time
 			return Usage{}, err
 		case <-t.C:
 		}
-		if u, err = g.Usage(ctx); !Transient(err) && (err != nil || !u.ReadAt.Before(after)) {
+		if u, err = g.Usage(ctx); !Transient(err) && (err != nil || !stale(u, after)) {
 			return u, err
 		}
 	}
+}
+
+// stale reports whether u is a reading taken before after; figures statfs
+// gave at the look never are.
+func stale(u Usage, after time.Time) bool {
+	return !u.ReadAt.IsZero() && u.ReadAt.Before(after)
 }
 
 func (g *Guard) warnOnce(err error) {
