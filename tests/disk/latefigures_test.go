@@ -72,7 +72,7 @@ func TestLateKubeletFigures(t *testing.T) {
 	cmd.Env = append(cmd.Env, "POD_NAME=image-prefetcher-late-x7k2p", "POD_NAMESPACE=default",
 		"POD_UID=0b5d9f4e-1c2a-4f5e-9d3b-7a8c6e2f1d01")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 0, Gid: fetchGID}}
-	var logs lockedBuffer
+	var logs cluster.Output
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	t.Cleanup(func() { removeLabel(t, instance) })
 	err = cmd.Run()
@@ -225,21 +225,4 @@ func removeLabel(t *testing.T, instance string) {
 	if _, err := cs.CoreV1().Nodes().Patch(ctx, c.Nodes()[0].Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Error(err)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,7 +1,6 @@
 package slots_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,28 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
 // These tests run the real agent binary (./bin/image-prefetcher, from
 // `make build`) against this package's kube-apiserver, with the fake CRI
 // server (agent/internal/fakecri/cmd/fakecri) standing in for the runtime.
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func agentBinary(t *testing.T) string {
 	t.Helper()
@@ -96,11 +78,11 @@ func (e *testEnv) createNode(t *testing.T, name string) {
 
 // startAgent runs the agent binary in the cluster's network namespace as
 // the admin, with the pod's downward-API environment.
-func (e *testEnv) startAgent(t *testing.T, ctx context.Context, pod string, args ...string) (*exec.Cmd, *lockedBuffer) {
+func (e *testEnv) startAgent(t *testing.T, ctx context.Context, pod string, args ...string) (*exec.Cmd, *cluster.Output) {
 	t.Helper()
 	cmd := e.c.Command(ctx, agentBinary(t), append(args[:1:1], append([]string{"--kubeconfig=" + e.c.Kubeconfig}, args[1:]...)...)...)
 	cmd.Env = append(cmd.Env, "POD_NAME="+pod, "POD_NAMESPACE="+e.ns, "POD_UID=0b5d9f4e-1c2a-4f5e-9d3b-7a8c6e2f1d00")
-	logs := &lockedBuffer{}
+	logs := &cluster.Output{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -108,7 +90,7 @@ func (e *testEnv) startAgent(t *testing.T, ctx context.Context, pod string, args
 	return cmd, logs
 }
 
-func (e *testEnv) waitFor(t *testing.T, ctx context.Context, what string, logs *lockedBuffer, cond func() bool) {
+func (e *testEnv) waitFor(t *testing.T, ctx context.Context, what string, logs *cluster.Output, cond func() bool) {
 	t.Helper()
 	for !cond() {
 		if ctx.Err() != nil {
