@@ -43,7 +43,9 @@ const fetchGID = 4242
 // ceiling, and the images that do not fit fail InsufficientDisk. Before
 // issue 48, the first failed read switched the ceiling off; after that
 // fix, pulls started on one kubelet reading (they come every 2 s) all
-// counted the same free bytes, and the store reached 88%.
+// counted the same free bytes: 14 of these images took the store to 88%.
+// fetch runs with the admin's kubeconfig; the kubelet's stand-in calls
+// the kubelet with the admin's client certificate.
 func TestLateKubeletFigures(t *testing.T) {
 	const instance = "late"
 	n := c.Nodes()[0]
