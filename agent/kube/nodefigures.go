@@ -32,7 +32,6 @@ type NodeFigures struct {
 	mu      sync.Mutex
 	stats   *KubeletStats
 	last    ImageFs
-	at      time.Time
 	err     error
 	busy    bool
 	next    time.Time
@@ -78,7 +77,7 @@ func (f *NodeFigures) ImageFs() (ImageFs, error) {
 		f.busy = true
 		go f.refresh()
 	}
-	if !f.at.IsZero() && now.Sub(f.at) < f.MaxStale {
+	if at := f.last.ReadAt; !at.IsZero() && now.Sub(at) < f.MaxStale {
 		return f.last, nil
 	}
 	if f.err == nil {
@@ -108,8 +107,8 @@ func (f *NodeFigures) refresh() {
 	f.busy = false
 	if err == nil {
 		fs.ReadAt = time.Now()
-		f.stats, f.last, f.at, f.err, f.backoff = k, fs, fs.ReadAt, nil, 0
-		f.next = f.at.Add(f.MaxAge)
+		f.stats, f.last, f.err, f.backoff = k, fs, nil, 0
+		f.next = fs.ReadAt.Add(f.MaxAge)
 	} else {
 		f.stats, f.err = k, err
 		f.backoff = min(max(2*f.backoff, f.MinBackoff), f.MaxBackoff)
