@@ -64,9 +64,11 @@ func TestWatchUsesARotatedPullSecret(t *testing.T) {
 	pulls := len(e.cri.Pulls(ref))
 	e.cri.DeleteImage(ref)
 	waitFor(t, "re-pull", func() bool { return len(e.cri.Pulls(ref)) > pulls && e.cri.HasImage(ref) })
-	if v, s, _ := e.state(); v != "succeeded" || s.Present != 1 {
-		t.Errorf("label %q summary %+v, want succeeded", v, s)
-	}
+	// The label is written after the pull.
+	waitFor(t, "label succeeded, the image present, after the re-pull", func() bool {
+		v, s, _ := e.state()
+		return v == "succeeded" && s.Present == 1
+	})
 	if code := e.sigterm(done); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, e.logs)
 	}
