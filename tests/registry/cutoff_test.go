@@ -24,12 +24,7 @@ func TestStallAfterAndRange(t *testing.T) {
 	// The server logs a request when its handler returns, which for the
 	// stalled one is when it notices the client left: wait for that entry,
 	// or the ranged GET below can be logged first.
-	for deadline := time.Now().Add(5 * time.Second); len(f.reg.Requests(registry.Match{Kind: registry.Blobs})) < 1; {
-		if time.Now().After(deadline) {
-			t.Fatal("the stalled GET was not logged within 5 s of the client leaving")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitLogged(t, f.reg, 1, "the stalled GET")
 
 	req, _ := http.NewRequest(http.MethodGet, blob, nil)
 	req.Header.Set("Range", "bytes=102400-")
@@ -45,6 +40,8 @@ func TestStallAfterAndRange(t *testing.T) {
 	if want := 256<<10 + 2048 - after; len(rest) > want || len(rest) < 256<<10-after {
 		t.Fatalf("ranged GET sent %d bytes, want the rest of the blob", len(rest))
 	}
+	// Its handler may return a moment after the client has read it all.
+	waitLogged(t, f.reg, 2, "the ranged GET")
 	reqs := f.reg.Requests(registry.Match{Kind: registry.Blobs})
 	if len(reqs) != 2 {
 		t.Fatalf("%d blob requests logged, want 2: %+v", len(reqs), reqs)
@@ -79,5 +76,16 @@ func TestThrottle(t *testing.T) {
 	}
 	if d := time.Since(start); d > 300*time.Millisecond {
 		t.Fatalf("blob served in %v after ClearFaults removed the throttle", d)
+	}
+}
+
+// waitLogged waits, at most 5 s, until reg has logged n blob requests.
+func waitLogged(t *testing.T, reg *registry.Registry, n int, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); len(reg.Requests(registry.Match{Kind: registry.Blobs})) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not logged within 5 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
