@@ -24,7 +24,7 @@ func TestStallAfterAndRange(t *testing.T) {
 	// The server logs a request when its handler returns, which for the
 	// stalled one is when it notices the client left: wait for that entry,
 	// or the ranged GET below can be logged first.
-	waitLogged(t, f.reg, 1, "the stalled GET")
+	waitLogged(t, f.reg, registry.Match{Kind: registry.Blobs}, 1, "the stalled GET")
 
 	req, _ := http.NewRequest(http.MethodGet, blob, nil)
 	req.Header.Set("Range", "bytes=102400-")
@@ -41,7 +41,7 @@ func TestStallAfterAndRange(t *testing.T) {
 		t.Fatalf("ranged GET sent %d bytes, want the rest of the blob", len(rest))
 	}
 	// Its handler may return a moment after the client has read it all.
-	waitLogged(t, f.reg, 2, "the ranged GET")
+	waitLogged(t, f.reg, registry.Match{Kind: registry.Blobs}, 2, "the ranged GET")
 	reqs := f.reg.Requests(registry.Match{Kind: registry.Blobs})
 	if len(reqs) != 2 {
 		t.Fatalf("%d blob requests logged, want 2: %+v", len(reqs), reqs)
@@ -79,10 +79,12 @@ func TestThrottle(t *testing.T) {
 	}
 }
 
-// waitLogged waits, at most 5 s, until reg has logged n blob requests.
-func waitLogged(t *testing.T, reg *registry.Registry, n int, what string) {
+// waitLogged waits, at most 5 s, until reg has logged n requests that
+// match m. A request is logged when its handler returns, which can be a
+// moment after the client has read the whole answer.
+func waitLogged(t *testing.T, reg *registry.Registry, m registry.Match, n int, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); len(reg.Requests(registry.Match{Kind: registry.Blobs})) < n; {
+	for deadline := time.Now().Add(5 * time.Second); len(reg.Requests(m)) < n; {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s was not logged within 5 s", what)
 		}

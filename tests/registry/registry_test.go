@@ -324,6 +324,8 @@ func TestCounters(t *testing.T) {
 	}
 	f.reg.ReleaseStalls()
 	wg.Wait()
+	// A transfer ends, and is logged, when its handler returns.
+	waitLogged(t, f.reg, registry.Match{Kind: registry.Blobs}, n, "every blob GET")
 	f.get(t, nil, "/v2/app/manifests/v1")
 	s = f.reg.Stats()
 	if s.BlobTransfers != 0 || s.PeakBlobTransfers != n {
@@ -350,6 +352,7 @@ func TestRequestLogKeepsMirrorNamespace(t *testing.T) {
 	if code, _, _ := f.get(t, nil, "/v2/app/manifests/v1?ns=ghcr.io"); code != http.StatusOK {
 		t.Fatalf("status = %d", code)
 	}
+	waitLogged(t, f.reg, registry.Match{Repo: "app", Kind: registry.Manifests}, 1, "the GET")
 	reqs := f.reg.Requests(registry.Match{Repo: "app", Kind: registry.Manifests})
 	if len(reqs) != 1 || reqs[0].NS != "ghcr.io" || reqs[0].Status != http.StatusOK || reqs[0].Method != http.MethodGet {
 		t.Fatalf("logged %+v", reqs)
