@@ -102,7 +102,7 @@ func (g *Guard) Start(ctx context.Context) error {
 func (g *Guard) check(ctx context.Context, after time.Time) (Usage, error) {
 	u, err := g.Usage(ctx)
 	if Transient(err) || err == nil && stale(u, after) {
-		u, err = g.awaitFigures(ctx, u, err, after)
+		u, err = g.awaitFigures(ctx, err, after)
 	}
 	if Transient(err) {
 		return u, fmt.Errorf("no pull starts while the image filesystem's figures are unknown: %w", err)
@@ -122,7 +122,7 @@ func Transient(err error) bool {
 
 // awaitFigures looks again until figures read no earlier than after come,
 // ctx ends, or FiguresWait passes; it returns the last look.
-func (g *Guard) awaitFigures(ctx context.Context, u Usage, err error, after time.Time) (Usage, error) {
+func (g *Guard) awaitFigures(ctx context.Context, err error, after time.Time) (Usage, error) {
 	wait := g.FiguresWait
 	if wait <= 0 {
 		wait = DefaultFiguresWait
@@ -145,6 +145,7 @@ func (g *Guard) awaitFigures(ctx context.Context, u Usage, err error, after time
 			return Usage{}, err
 		case <-t.C:
 		}
+		var u Usage
 		if u, err = g.Usage(ctx); !Transient(err) && (err != nil || !stale(u, after)) {
 			return u, err
 		}
