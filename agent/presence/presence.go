@@ -322,6 +322,12 @@ func (w *Watcher) follow(ctx context.Context) bool {
 			w.trigger()
 		}
 		if errors.Is(err, cri.ErrNoEvents) {
+			// CRI-O opens the stream and only then refuses it. The look
+			// the opening asked for is not owed at the next Watch:
+			// listing notices a watched image that left meanwhile.
+			w.mu.Lock()
+			w.changed = false
+			w.mu.Unlock()
 			w.Log.Info("the runtime has no image event stream: listing its images every interval to notice removals", "interval", w.Interval, "err", err)
 			return false
 		}

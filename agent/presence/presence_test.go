@@ -224,10 +224,11 @@ func (e *events) WatchImageDeletes(ctx context.Context, subscribed func(), delet
 			return ctx.Err()
 		}
 	}
+	subscribed()
 	if e.unsupported {
+		// As CRI-O: the stream opens, then its first read is refused.
 		return fmt.Errorf("%w: unknown service", cri.ErrNoEvents)
 	}
-	subscribed()
 	if e.subscribed != nil {
 		e.subscribed <- struct{}{}
 	}
@@ -301,6 +302,29 @@ func TestPollWithoutEvents(t *testing.T) {
 	}
 	if ev.subscribes != 1 {
 		t.Errorf("subscribed %d times to a runtime without events, want once", ev.subscribes)
+	}
+}
+
+// CRI-O opens the event stream before refusing it. That opening asks no
+// look of the first Watch: the listings notice what the check missed, and
+// the look was an idle call that tests/runtimes counted against CRI-O.
+func TestRefusedStreamOwesNoLook(t *testing.T) {
+	rt := newRuntime()
+	w := &Watcher{Runtime: rt, Events: &events{unsupported: true}, Log: discard, Gone: func([]Image) {}}
+	ctx := context.Background()
+	if w.follow(ctx) {
+		t.Fatal("follow went on after the stream was refused")
+	}
+	// The look the opening asked for: nothing is watched yet.
+	if err := w.look(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.Watch([]Image{a, b}) // the first check's results
+	if err := w.look(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lists, statuses := rt.calls(); lists+statuses != 0 {
+		t.Errorf("%d ListImages and %d ImageStatus calls after the refusal, want none until the next listing", lists, statuses)
 	}
 }
 
