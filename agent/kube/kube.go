@@ -75,6 +75,7 @@ type LeaseClient interface {
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
 	Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
 // scheme knows the few kinds the agent sends and receives, plus the
@@ -281,6 +282,10 @@ func (l leases) Update(ctx context.Context, lease *coordinationv1.Lease, opts me
 	out := &coordinationv1.Lease{}
 	err := l.c.Put().Namespace(l.ns).Resource("leases").Name(lease.Name).VersionedParams(&opts, parameterCodec).Body(lease).Do(ctx).Into(out)
 	return out, err
+}
+
+func (l leases) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	return l.c.Delete().Namespace(l.ns).Resource("leases").Name(name).Body(&opts).Do(ctx).Error()
 }
 
 // LeasesOver returns a Lease client of a namespace that talks through c, a

@@ -58,6 +58,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 type fakeWatcher struct {
 	ch       chan watch.Event
 	selector labels.Selector
+	name     string // a field selector on metadata.name, if any
 	once     sync.Once
 	f        *fakeAPI
 }
@@ -77,7 +78,7 @@ func (w *fakeWatcher) close() { w.once.Do(func() { close(w.ch) }) }
 
 func (w *fakeWatcher) send(ev watch.Event) {
 	l := ev.Object.(*coordinationv1.Lease)
-	if !w.selector.Matches(labels.Set(l.Labels)) {
+	if !w.selector.Matches(labels.Set(l.Labels)) || (w.name != "" && l.Name != w.name) {
 		return
 	}
 	select {
@@ -103,6 +104,9 @@ func (f *fakeAPI) watch(action k8stesting.Action) (bool, watch.Interface, error)
 		sel = labels.Everything()
 	}
 	w := &fakeWatcher{ch: make(chan watch.Event, fakeWatchBuffer), selector: sel, f: f}
+	if r.Fields != nil {
+		w.name, _ = r.Fields.RequiresExactMatch("metadata.name")
+	}
 	f.writes.Lock()
 	defer f.writes.Unlock()
 	for _, ev := range f.events {
@@ -163,6 +167,8 @@ func (f *fakeAPI) react(action k8stesting.Action) (bool, runtime.Object, error) 
 	case k8stesting.UpdateAction:
 		lease = a.GetObject().(*coordinationv1.Lease).DeepCopy()
 		name = lease.Name
+	case k8stesting.DeleteAction:
+		name = a.GetName()
 	}
 	if hook != nil {
 		if err := hook(action.GetVerb(), name, lease); err != nil {
@@ -180,8 +186,25 @@ func (f *fakeAPI) react(action k8stesting.Action) (bool, runtime.Object, error) 
 			return true, nil, err
 		}
 		list := obj.(*coordinationv1.LeaseList)
+		if sel := action.(k8stesting.ListAction).GetListRestrictions().Labels; sel != nil {
+			list.Items = slices.DeleteFunc(list.Items, func(l coordinationv1.Lease) bool {
+				return !sel.Matches(labels.Set(l.Labels))
+			})
+		}
 		list.ResourceVersion = f.currentRV()
 		return true, list, nil
+	case "delete":
+		obj, err := tr.Get(leasesGVR, testNS, name)
+		if err != nil {
+			return true, nil, err
+		}
+		if err := tr.Delete(leasesGVR, testNS, name); err != nil {
+			return true, nil, err
+		}
+		gone := obj.(*coordinationv1.Lease).DeepCopy()
+		gone.ResourceVersion = f.nextRV()
+		f.record(watch.Deleted, gone)
+		return true, gone, nil
 	case "create":
 		if _, err := tr.Get(leasesGVR, testNS, name); err == nil {
 			return true, nil, apierrors.NewAlreadyExists(leasesGVR.GroupResource(), name)
@@ -296,8 +319,7 @@ func (f *fakeAPI) sneak(t *testing.T, name string, change func(*coordinationv1.L
 // Durations below a second are allowed here (New rounds them up for the
 // API; tests set them afterwards) so that expiry tests run fast; the Lease
 // then says 0 seconds and readers fall back to the configured duration.
-// The delay window and the first pause after a failed call are
-// shortened alike.
+// The first pause after a failed call is shortened alike.
 func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *Gate {
 	t.Helper()
 	if cfg.Client == nil {
@@ -310,6 +332,9 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if cfg.Identity == "" {
 		cfg.Identity = "pod"
 	}
+	if cfg.Node == "" {
+		cfg.Node = "node-" + cfg.Identity
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	g, err := New(cfg)
 	if err != nil {
@@ -318,7 +343,6 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if leaseDuration > 0 {
 		g.cfg.LeaseDuration = leaseDuration
 	}
-	g.window = 10 * time.Millisecond
 	g.retry = 10 * time.Millisecond
 	return g
 }

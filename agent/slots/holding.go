@@ -161,7 +161,7 @@ func (h *Holding) Release() {
 			g.log.Warn("this seed node's pull was cut short; not recording that seeding finished",
 				"slot", h.Name(), "lost", h.wasLost)
 		}
-		err := h.clear(ctx, seeded)
+		err := h.release(ctx, seeded)
 		if err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",
 				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "seeded", seeded, "err", err)
@@ -172,10 +172,13 @@ func (h *Holding) Release() {
 }
 
 // clear empties holderIdentity if we still hold it, and keeps the Lease;
-// seeded sets SeededAnnotation to Config.SeedKey.
-func (h *Holding) clear(ctx context.Context, seeded bool) error {
-	_, err := h.g.rewrite(ctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
+// seeded sets SeededAnnotation to Config.SeedKey. It returns the Lease as
+// cleared, nil if it was not ours.
+func (h *Holding) clear(ctx context.Context, seeded bool) (*coordinationv1.Lease, error) {
+	ours := true
+	cleared, err := h.g.rewrite(ctx, h.lease, func(l *coordinationv1.Lease) (bool, error) {
 		if holder(l) != h.id {
+			ours = false
 			return false, nil // taken after it expired: nothing of ours to clear
 		}
 		if seeded {
@@ -184,10 +187,10 @@ func (h *Holding) clear(ctx context.Context, seeded bool) error {
 		h.g.vacate(l)
 		return true, nil
 	})
-	if apierrors.IsNotFound(err) {
-		return nil
+	if apierrors.IsNotFound(err) || !ours {
+		return nil, nil
 	}
-	return err
+	return cleared, err
 }
 
 // disown clears the Lease cur (read first if it has no resourceVersion)

@@ -134,7 +134,7 @@ func TestReviewLoneJoinerTakesTheFreeSlot(t *testing.T) {
 		f := newFakeAPI(t)
 		f.labeledSlot(t, 0)
 		g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour}, 0)
-		g.retry, g.window = minRetry, window // as deployed
+		g.retry = minRetry // as deployed
 		var once sync.Once
 		f.setHook(func(verb, _ string, _ *coordinationv1.Lease) error {
 			var err error

@@ -73,6 +73,9 @@ type Config struct {
 	// list: a finished seed opens the gate only for nodes with the same key,
 	// so a new list is seeded again. Empty means "any seed counts".
 	SeedKey string
+	// Node is this agent's node: its ticket in the queue is named after
+	// it (queue.go).
+	Node string
 	// Identity names this agent in holderIdentity, usually the pod name;
 	// each Hold appends a random suffix, so two holds never share a name.
 	Identity string
@@ -97,13 +100,14 @@ type Config struct {
 type Gate struct {
 	cfg Config
 	log *slog.Logger
-	// selector picks the instance's slot Leases for the waiters' watch.
-	selector string
-	// The clock, the window a take's delay is drawn in and the first pause
-	// after a failed call (wait.go); tests replace them.
-	now    func() time.Time
-	window time.Duration
-	retry  time.Duration
+	// selector and ticketSelector pick the instance's slot Leases and
+	// tickets.
+	selector       string
+	ticketSelector string
+	// The clock and the first pause after a failed call (wait.go); tests
+	// replace them.
+	now   func() time.Time
+	retry time.Duration
 }
 
 // New checks cfg and fills in defaults. The agent's flags are checked
@@ -122,13 +126,14 @@ func New(cfg Config) (*Gate, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.SeedKey = cmp.Or(cfg.SeedKey, "true")
 	selector := labels.SelectorFromSet(labels.Set{LabelInstance: cfg.Instance, LabelComponent: LabelComponentSlot})
+	tickets := labels.SelectorFromSet(labels.Set{LabelInstance: cfg.Instance, LabelComponent: LabelComponentTicket})
 	g := &Gate{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "slots"),
-		selector: selector.String(),
-		now:      time.Now,
-		window:   window,
-		retry:    minRetry,
+		cfg:            cfg,
+		log:            cfg.Logger.With("component", "slots"),
+		selector:       selector.String(),
+		ticketSelector: tickets.String(),
+		now:            time.Now,
+		retry:          minRetry,
 	}
 	return g, nil
 }
@@ -148,6 +153,8 @@ func check(cfg Config) error {
 		return fmt.Errorf("%d seed nodes, need 0 (no seed mode) or more", cfg.SeedNodes)
 	case cfg.Identity == "":
 		return errors.New("no holder identity (set POD_NAME)")
+	case cfg.Node == "":
+		return errors.New("no node name (set NODE_NAME)")
 	}
 	durations := []struct {
 		name string
@@ -178,6 +185,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
 	w := g.newWaiter(ctx)
 	h, err := w.wait()
+	g.leaveQueue(ctx, w.head)
 	if err != nil {
 		g.disownAll(w.unsure)
 		return nil, err
@@ -241,7 +249,7 @@ func (g *Gate) taken(prev *coordinationv1.Lease, i int, id string, now time.Time
 		RenewTime:            &t,
 		LeaseTransitions:     &transitions,
 	}
-	// The waiters' watch selects on these labels.
+	// The waiters' lists select on these labels.
 	ours := map[string]string{
 		LabelName:      "image-prefetcher",
 		LabelInstance:  g.cfg.Instance,

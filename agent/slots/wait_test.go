@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,10 +12,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/utils/ptr"
 )
 
 // waiters starts n Holds on g and returns their results as they come.
@@ -345,114 +341,5 @@ func TestManyWatchersNeverExceedK(t *testing.T) {
 	wg.Wait()
 	if peak > k {
 		t.Errorf("peak holders %d, want at most %d", peak, k)
-	}
-}
-
-// The delay rules: a lost race skips the slot until it changes, with no
-// pause (the waiter aims anew, with a new draw); a failed write holds
-// writes back; the delay before a take is drawn within the window, and a slot
-// that names us is taken at once.
-func TestDelayRules(t *testing.T) {
-	f := newFakeAPI(t)
-	g := f.gate(t, Config{Slots: 4, LeaseDuration: time.Hour}, 0)
-	g.window = time.Second
-	w := g.newWaiter(context.Background())
-	now := time.Now()
-	free := &coordinationv1.Lease{}
-	free.Name, free.ResourceVersion = SlotName("demo", 0), "7"
-	w.leases[0] = free
-	conflict := apierrors.NewConflict(leasesGVR.GroupResource(), free.Name, errors.New("modified"))
-	if err := w.failed("update", 0, free, conflict); err != nil || w.quietUntil.After(now) || w.retry != g.retry {
-		t.Errorf("after a lost race: err %v, quiet until %v, next retry %v; want nil, no pause, no backoff",
-			err, w.quietUntil.Sub(now), w.retry)
-	}
-	if slots, _ := w.free(now); len(slots) != 3 || slots[0] == 0 {
-		t.Errorf("free slots %v right after losing the race for slot 0, want the 3 others", slots)
-	}
-	err := w.failed("update", 1, nil, apierrors.NewServiceUnavailable("down"))
-	if err != nil || !w.quietUntil.After(now) || w.retry != 2*g.retry {
-		t.Errorf("after a failed write: err %v, quiet until %v, next retry %v; want nil, a pause, a doubled retry",
-			err, w.quietUntil, w.retry)
-	}
-	if d := w.delay(1); d < w.quietUntil.Sub(g.now())-time.Millisecond {
-		t.Errorf("delay %v while paused until %v, want the pause at least", d, w.quietUntil.Sub(g.now()))
-	}
-	w.quietUntil = time.Time{}
-	for range 2000 {
-		if d := w.delay(1); d < 0 || d > g.window {
-			t.Fatalf("delay %v, want within the window %v", d, g.window)
-		}
-	}
-	mine := free.DeepCopy()
-	w.unsure = []take{{id: "pod-lost"}} // a take's write whose answer never came
-	mine.Spec.HolderIdentity = ptr.To("pod-lost")
-	w.leases[0] = mine
-	if d := w.delay(0); d != 0 {
-		t.Errorf("delay %v for a slot that names us, want 0", d)
-	}
-}
-
-// The nodes that write for one freed slot are those whose delay ends
-// before the first write reaches them: the draws within the propagation
-// time (here 100 ms) of the shortest. Uniform draws within 2 s gave 51 of
-// them at 1,000 waiting nodes, 67 measured by make scale; the window's
-// draws keep them a handful at every herd size, and a lone waiter still
-// writes within the window.
-func TestRacersStayFewAtAnyHerdSize(t *testing.T) {
-	const trials = 200
-	// 0.4 s: how long a take took to reach 1,000 waiters on the loaded
-	// scale harness (docs/herd.md); 0.1 s on an idle apiserver.
-	for _, propagation := range []time.Duration{100 * time.Millisecond, 400 * time.Millisecond} {
-		for _, herd := range []int{1, 10, 100, 1000} {
-			racers := 0
-			for range trials {
-				delays := make([]time.Duration, herd)
-				for i := range delays {
-					if delays[i] = draw(window); delays[i] < 0 || delays[i] > window {
-						t.Fatalf("delay %v, want within [0, %v]", delays[i], window)
-					}
-				}
-				first := slices.Min(delays)
-				for _, d := range delays {
-					if d < first+propagation {
-						racers++
-					}
-				}
-			}
-			mean := float64(racers) / trials
-			t.Logf("propagation %v, herd %d: %.1f writes per freed slot", propagation, herd, mean)
-			if mean > 4 {
-				t.Errorf("propagation %v, herd %d: %.1f nodes write for one freed slot, want a handful (at most 4)",
-					propagation, herd, mean)
-			}
-		}
-	}
-}
-
-// BenchmarkWaiterEvent is what a waiting node spends on one watch event
-// besides decoding it (about 2.5 µs for a Lease in protobuf): folding it
-// in and looking for free slots, with every one of K slots held.
-func BenchmarkWaiterEvent(b *testing.B) {
-	for _, k := range []int{10, 100, 1000} {
-		b.Run(fmt.Sprintf("K=%d", k), func(b *testing.B) {
-			leases := fake.NewSimpleClientset().CoordinationV1().Leases(testNS)
-			g, err := New(Config{Client: leases, Namespace: testNS, Instance: "demo", Slots: k, Identity: "node-a"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			w := g.newWaiter(context.Background())
-			var held []watch.Event
-			for i := range k {
-				l := g.taken(nil, i, "node-b", time.Now())
-				l.ResourceVersion = "1"
-				held = append(held, watch.Event{Type: watch.Modified, Object: l})
-				w.apply(held[i])
-			}
-			for i := 0; b.Loop(); i++ {
-				w.apply(held[i%k])
-				free, _ := w.free(g.now())
-				w.aim.update(free, g.now(), w.delay)
-			}
-		})
 	}
 }

@@ -1,0 +1,354 @@
+package slots
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/image-prefetcher/image-prefetcher/agent/kube"
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+)
+
+// The queue. A node that finds every slot busy does not watch the slots:
+// each holder renews every 5 s, so a waiter watching K slots would get
+// K × 12 events a minute from heartbeats alone, and every hand-over on
+// top. It writes a ticket instead, a Lease of its own named after its
+// node, and watches that one Lease. The tickets, oldest first, are the
+// queue:
+//
+//   - A holder that is done hands its slot to the oldest ticket: it writes
+//     the ticket's holder into the slot, then marks the ticket granted
+//     (GrantedAnnotation) and the next one head (HeadAnnotation). The
+//     granted node re-writes the slot under its own holder and pulls.
+//   - The head looks at the slots every few seconds, as the only waiter
+//     that does: a slot whose holder died (no renewal for the lease
+//     duration, on the head's own clock) or that is free is taken by the
+//     head and handed to the tickets after it.
+//
+// So a waiting node sends a write and a list when it starts to wait, and
+// keeps one watch of its own ticket; its watch shows a grant or the head
+// mark, nothing else. The slot Leases stay the only record of who holds:
+// every write of a slot carries the version it was read at, so the queue
+// can delay a hand-over but never make a K+1st holder.
+const (
+	// LabelComponentTicket labels the tickets.
+	LabelComponentTicket = "pull-ticket"
+	// GrantedAnnotation on a ticket names the slot written for its holder.
+	GrantedAnnotation = v1alpha1.LabelDomain + "/granted-slot"
+	// HeadAnnotation marks the ticket whose node looks at the slots.
+	HeadAnnotation = v1alpha1.LabelDomain + "/head"
+
+	// headPoll is how often the head lists the slots.
+	headPoll = 5 * time.Second
+	// listPeriod: at most one list or watch a second, whatever fails.
+	listPeriod = time.Second
+	// recheck is how often any waiter lists the slots, in case the queue
+	// has no head (its node died before it was granted): rare, so that
+	// waiting stays nearly free.
+	recheck = 5 * time.Minute
+)
+
+// TicketName is the ticket of node's agent: one per node, so that a new
+// pod on the node keeps its predecessor's place in the queue.
+func TicketName(instance, node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return fmt.Sprintf("%s-wait-%x", instance, sum[:8])
+}
+
+// queue waits in the queue until it holds a slot. Each round writes our
+// ticket first and reads the slots second, and a holder that frees a slot
+// reads the tickets after it wrote the slot: so either the holder sees our
+// ticket or we see its free slot.
+func (w *waiter) queue() (*Holding, error) {
+	g := w.g
+	w.ticketID = fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32())
+	var pause time.Duration
+	for {
+		if !sleep(w.ctx, max(pause, w.listedAt.Add(listPeriod).Sub(g.now()))) {
+			return nil, w.ended()
+		}
+		pause = 0
+		h, err := w.queueRound()
+		if h != nil {
+			return h, nil
+		}
+		if err == nil || w.ctx.Err() != nil {
+			continue
+		}
+		if permanent(err) {
+			return nil, err
+		}
+		if kube.Refused(err) {
+			// For good under an old Role; for a moment after a restart.
+			what := "list, watch and write Leases in " + g.cfg.Namespace +
+				" (the Role needs them for the queue: render the instance again)"
+			if err := w.refused(what, err); err != nil {
+				return nil, err
+			}
+		}
+		pause = w.backOff()
+		g.log.Warn("waiting in the pull-slot queue failed; will retry",
+			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
+	}
+}
+
+func (w *waiter) ended() error {
+	return fmt.Errorf("waiting for a pull slot: %w", context.Cause(w.ctx))
+}
+
+// queueRound writes our ticket, looks at the slots once and takes a free
+// one, or else follows our ticket (nil, nil: write it again).
+func (w *waiter) queueRound() (*Holding, error) {
+	g := w.g
+	t, err := w.writeTicket()
+	if err != nil {
+		return nil, err
+	}
+	if h, err := w.lookAndTake(); h != nil || err != nil {
+		return h, err
+	}
+	w.refusedSince = time.Time{}
+	w.retry = g.retry
+	if !w.loggedWait {
+		w.loggedWait = true
+		g.log.Info("all pull slots are busy; waiting in the queue", "slots", w.eligible(), "seeded", w.seeded,
+			"ticket", t.Name)
+	}
+	return w.followTicket(t)
+}
+
+// writeTicket creates our ticket, or takes over the one a predecessor on
+// this node left (its place in the queue is ours), naming w.id as holder.
+func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
+	g := w.g
+	name := TicketName(g.cfg.Instance, g.cfg.Node)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace}}
+	g.ticketed(lease, w.ticketID)
+	made, err := g.create(w.ctx, lease)
+	if err == nil {
+		return made, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create ticket Lease %s/%s: %w", g.cfg.Namespace, name, err)
+	}
+	cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	made, err = g.rewrite(w.ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
+		g.ticketed(l, w.ticketID)
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("take over ticket Lease %s/%s: %w", g.cfg.Namespace, name, err)
+	}
+	w.head = false
+	return made, nil
+}
+
+// ticketed makes l a ticket naming id, not granted and not head.
+func (g *Gate) ticketed(l *coordinationv1.Lease, id string) {
+	l.Labels = labels.Merge(l.Labels, map[string]string{
+		LabelName:      "image-prefetcher",
+		LabelInstance:  g.cfg.Instance,
+		LabelComponent: LabelComponentTicket,
+	})
+	delete(l.Annotations, GrantedAnnotation)
+	delete(l.Annotations, HeadAnnotation)
+	l.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id}
+}
+
+// lookAndTake lists the slots and takes one that may be taken: free, ours
+// from a take whose answer never came, or expired (seen unchanged for its
+// lease duration, which only the head and rare looks see). There is one
+// write, at once: a waiter that loses the race waits in the queue. The
+// head hands the other slots it finds to the tickets after its own.
+func (w *waiter) lookAndTake() (*Holding, error) {
+	g := w.g
+	if err := w.listSlots(); err != nil {
+		return nil, err
+	}
+	free, _ := w.free(g.now())
+	if len(free) == 0 {
+		return nil, nil
+	}
+	pick := free[mrand.IntN(len(free))]
+	if w.head && len(free) > 1 {
+		rest := slices.DeleteFunc(slices.Clone(free), func(i int) bool { return i == pick })
+		g.handOut(w.ctx, w.leases, rest)
+	}
+	return w.take(pick)
+}
+
+// listSlots reads the instance's slots; a version seen before keeps the
+// time we first saw it, so that expiry is judged on our clock.
+func (w *waiter) listSlots() error {
+	g := w.g
+	w.listedAt = g.now()
+	lctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
+	list, err := g.cfg.Client.List(lctx, metav1.ListOptions{LabelSelector: g.selector})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("list Leases %s/%s: %w", g.cfg.Namespace, g.selector, err)
+	}
+	now := g.now()
+	old := w.leases
+	w.leases = make([]*coordinationv1.Lease, len(w.names))
+	for j := range list.Items {
+		l := &list.Items[j]
+		i := slices.Index(w.names, l.Name)
+		if i < 0 {
+			continue
+		}
+		if old[i] == nil || old[i].ResourceVersion != l.ResourceVersion {
+			w.since[i] = now
+		}
+		w.leases[i] = l
+	}
+	return nil
+}
+
+// followTicket watches our ticket alone until it is granted a slot (held
+// once our own write of that slot succeeds) or must be written again, and
+// looks at the slots now and then: every headPoll while we head the
+// queue, every recheck otherwise.
+func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
+	g := w.g
+	rv := t.ResourceVersion
+	for {
+		look := g.now().Add(w.lookEvery())
+		for g.now().Before(look) {
+			stream, err := w.watchTicket(t.Name, rv)
+			if err != nil {
+				return nil, err
+			}
+			started := g.now()
+			h, again, err := w.readTicket(stream, &rv, look)
+			stream.Stop()
+			if h != nil || err != nil || again {
+				return h, err
+			}
+			if w.head {
+				if soon := g.now().Add(headPoll); soon.Before(look) {
+					look = soon
+				}
+			}
+			if g.now().Sub(started) < listPeriod && !sleep(w.ctx, listPeriod) {
+				return nil, w.ended() // a watch that ends at once is not resumed at once
+			}
+		}
+		if h, err := w.lookAndTake(); h != nil || err != nil {
+			return h, err
+		}
+	}
+}
+
+func (w *waiter) lookEvery() time.Duration {
+	if w.head {
+		return headPoll
+	}
+	return recheck/2 + mrand.N(recheck)
+}
+
+func (w *waiter) watchTicket(name, rv string) (watch.Interface, error) {
+	secs := int64((resync + mrand.N(resync+1)) / time.Second)
+	return w.g.cfg.Client.Watch(w.ctx, metav1.ListOptions{
+		FieldSelector:   fields.OneTermEqualSelector("metadata.name", name).String(),
+		ResourceVersion: rv,
+		TimeoutSeconds:  &secs,
+	})
+}
+
+// readTicket reads the ticket's watch until the ticket is granted, made
+// head, must be written again (again: deleted, taken over by another pod
+// of this node, or the watch cannot resume), the watch ends, or until.
+func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time) (*Holding, bool, error) {
+	g := w.g
+	timer := time.NewTimer(max(0, until.Sub(g.now())))
+	defer timer.Stop()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return nil, false, w.ended()
+		case <-timer.C:
+			return nil, false, nil
+		case ev, ok := <-stream.ResultChan():
+			if !ok {
+				return nil, false, nil
+			}
+			if ev.Type == watch.Error || ev.Type == watch.Deleted {
+				return nil, true, nil
+			}
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok {
+				continue
+			}
+			*rv = l.ResourceVersion
+			if holder(l) != w.ticketID {
+				return nil, true, nil
+			}
+			if s, ok := l.Annotations[GrantedAnnotation]; ok {
+				h, err := w.granted(s)
+				return h, h == nil && err == nil, err
+			}
+			if !w.head && l.Annotations[HeadAnnotation] == "true" {
+				w.head = true
+				g.log.Info("this node heads the pull-slot queue: it looks at the slots every few seconds")
+				return nil, false, nil
+			}
+		}
+	}
+}
+
+// granted takes the slot a holder handed us: it must still name us, and
+// we write it again under our holder, from the version read, before we
+// pull. A grant that does not hold (the slot was taken over meanwhile)
+// sends us to the queue again.
+func (w *waiter) granted(s string) (*Holding, error) {
+	g := w.g
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || i >= len(w.names) {
+		g.log.Warn("a ticket names a slot this instance does not have; ignoring it", "slot", s)
+		return nil, nil
+	}
+	got, err := g.get(w.ctx, w.names[i])
+	if err != nil {
+		return nil, w.failed("get", i, nil, err)
+	}
+	w.leases[i] = got
+	w.since[i] = g.now()
+	if holder(got) != w.ticketID {
+		g.log.Info("a pull slot handed to this node was taken over before it could take it; waiting again",
+			"slot", w.names[i])
+		return nil, nil
+	}
+	// Named by our ticket, the slot is ours to write again at once.
+	w.unsure = append(w.unsure, take{id: w.ticketID, slot: i, sent: g.now()})
+	return w.take(i)
+}
+
+// deleteTicket removes our ticket once we hold a slot or stop waiting.
+func (g *Gate) deleteTicket(ctx context.Context) {
+	name := TicketName(g.cfg.Instance, g.cfg.Node)
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	defer cancel()
+	err := g.cfg.Client.Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		g.log.Warn("could not delete this node's pull-slot ticket; a holder hands it a slot, which frees"+
+			" itself after the lease duration", "ticket", name, "err", err)
+	}
+}
+
+// queueOrder sorts tickets oldest first (creation time, then name).
+func queueOrder(a, b coordinationv1.Lease) int {
+	return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+}
