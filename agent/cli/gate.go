@@ -53,7 +53,6 @@ func NewGate(ctx context.Context, cfg GateConfig) (pull.Gate, error) {
 		Slots:        cfg.MaxConcurrentNodes,
 		SeedNodes:    cfg.SeedNodes,
 		SeedKey:      cfg.SeedKey,
-		Node:         cfg.Node,
 		Identity:     cmp.Or(cfg.Pod, cfg.Node),
 		ReleaseGrace: cfg.ReleaseGrace,
 		Logger:       cfg.Log,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -332,10 +333,7 @@ func (f *fakeAPI) gate(t *testing.T, cfg Config, leaseDuration time.Duration) *G
 	if cfg.Identity == "" {
 		cfg.Identity = "pod"
 	}
-	if cfg.Node == "" {
-		cfg.Node = "node-" + cfg.Identity
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Logger = slog.New(slog.NewTextHandler(debugOut(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -378,4 +376,11 @@ func lost(h *Holding) bool {
 	default:
 		return false
 	}
+}
+
+func debugOut() io.Writer {
+	if os.Getenv("SLOTS_DEBUG") != "" {
+		return os.Stderr
+	}
+	return io.Discard
 }

@@ -19,40 +19,58 @@ import (
 // gone is never renewed, so the slot expires and the head hands it on.
 
 // tickets lists the queue, oldest first: tickets that name a holder and
-// are not granted yet, but for skip (the caller's own).
-func (g *Gate) tickets(ctx context.Context, skip string) ([]coordinationv1.Lease, error) {
+// are not granted yet, but for skip (the caller's own). granted maps the
+// holder of each granted ticket to its name.
+func (g *Gate) tickets(ctx context.Context, skip string) (queue []coordinationv1.Lease, granted map[string]string,
+	err error) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	list, err := g.cfg.Client.List(ctx, metav1.ListOptions{LabelSelector: g.ticketSelector})
 	if err != nil {
-		return nil, fmt.Errorf("list ticket Leases %s/%s: %w", g.cfg.Namespace, g.ticketSelector, err)
+		return nil, nil, fmt.Errorf("list ticket Leases %s/%s: %w", g.cfg.Namespace, g.ticketSelector, err)
 	}
-	queue := slices.DeleteFunc(list.Items, func(l coordinationv1.Lease) bool {
-		_, granted := l.Annotations[GrantedAnnotation]
-		return l.Name == skip || holder(&l) == "" || granted || l.Labels[LabelComponent] != LabelComponentTicket
-	})
+	granted = map[string]string{}
+	for _, l := range list.Items {
+		if _, ok := l.Annotations[GrantedAnnotation]; ok {
+			granted[holder(&l)] = l.Name
+			continue
+		}
+		if l.Name != skip && holder(&l) != "" {
+			queue = append(queue, l)
+		}
+	}
 	slices.SortFunc(queue, queueOrder)
-	return queue, nil
+	return queue, granted, nil
 }
 
 // handOut hands the slots free (each as read in leases: free, expired, or
-// made free by the caller) to the queue, oldest ticket first but our own,
+// made free by the caller) to the queue, oldest ticket first but skip,
 // and marks
 // the oldest ticket left head. It returns how many it handed out. A slot
 // written since it was read is skipped: someone else took it.
-func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free []int) int {
-	queue, err := g.tickets(ctx, TicketName(g.cfg.Instance, g.cfg.Node))
+//
+// seeded says that a seed has finished: the nodes handed a slot then do
+// not pull as seeds.
+func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free []int, skip string, seeded bool) int {
+	queue, granted, err := g.tickets(ctx, skip)
 	if err != nil {
 		g.log.Warn("could not read the pull-slot queue; the head of the queue hands the slots out", "err", err)
 		return 0
 	}
 	handed := 0
 	for _, i := range free {
+		prev := leases[i]
+		// A slot handed to a ticket whose node never wrote it expired:
+		// that ticket is gone with its node.
+		if stale, ok := granted[holder(prev)]; ok && holder(prev) != "" {
+			g.log.Info("a pull slot handed to a waiting node expired unused; deleting its ticket",
+				"slot", prev.Name, "ticket", stale)
+			g.deleteTicket(ctx, stale)
+		}
 		if len(queue) == 0 {
 			break
 		}
 		t := &queue[0]
-		prev := leases[i]
 		next := g.taken(prev, i, holder(t), g.now())
 		write := g.update
 		if prev == nil {
@@ -64,7 +82,7 @@ func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free
 			}
 			continue
 		}
-		g.markGranted(ctx, t, i)
+		g.markGranted(ctx, t, i, seeded)
 		queue = queue[1:]
 		handed++
 	}
@@ -72,9 +90,14 @@ func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free
 	return handed
 }
 
-// markGranted tells ticket t's node that slot i names it.
-func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int) {
-	g.annotate(ctx, t, GrantedAnnotation, strconv.Itoa(i))
+// markGranted tells ticket t's node that slot i names it, and whether a
+// seed has finished.
+func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, seeded bool) {
+	marks := map[string]string{GrantedAnnotation: strconv.Itoa(i)}
+	if seeded {
+		marks[SeededAnnotation] = g.cfg.SeedKey
+	}
+	g.annotate(ctx, t, marks)
 }
 
 // markHead makes the oldest ticket of queue the head, unless it is.
@@ -82,37 +105,40 @@ func (g *Gate) markHead(ctx context.Context, queue []coordinationv1.Lease) {
 	if len(queue) == 0 || queue[0].Annotations[HeadAnnotation] == "true" {
 		return
 	}
-	g.annotate(ctx, &queue[0], HeadAnnotation, "true")
+	g.annotate(ctx, &queue[0], map[string]string{HeadAnnotation: "true"})
 }
 
-// annotate sets key on ticket t if it still names the same holder. Failing
-// costs time, not safety: a grant the node never hears of expires, and
-// the head is marked again at the next hand-over.
-func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, key, value string) {
+// annotate sets marks on ticket t if it still names the same holder.
+// Failing costs time, not safety: a grant the node never hears of
+// expires, and the head is marked again at the next hand-over.
+func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[string]string) {
 	id := holder(t)
 	_, err := g.rewrite(ctx, t.DeepCopy(), func(l *coordinationv1.Lease) (bool, error) {
 		if holder(l) != id {
 			return false, nil
 		}
-		l.Annotations = labels.Merge(l.Annotations, map[string]string{key: value})
+		l.Annotations = labels.Merge(l.Annotations, marks)
 		return true, nil
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
-		g.log.Warn("could not mark a pull-slot ticket", "ticket", t.Name, "mark", key, "err", err)
+		g.log.Warn("could not mark a pull-slot ticket", "ticket", t.Name, "marks", marks, "err", err)
 	}
 }
 
 // leaveQueue deletes our ticket once the wait is over, within
 // Config.ReleaseGrace if it ended with ctx, and passes the head mark on if
 // we had it.
-func (g *Gate) leaveQueue(ctx context.Context, head bool) {
+func (g *Gate) leaveQueue(ctx context.Context, ticket string, head bool) {
+	if ticket == "" {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ReleaseGrace)
 	defer cancel()
-	g.deleteTicket(ctx)
+	g.deleteTicket(ctx, ticket)
 	if !head {
 		return
 	}
-	queue, err := g.tickets(ctx, "")
+	queue, _, err := g.tickets(ctx, "")
 	if err != nil {
 		g.log.Warn("could not pass on the head of the pull-slot queue; the next hand-over does", "err", err)
 		return
@@ -134,6 +160,7 @@ func (h *Holding) release(ctx context.Context, seeded bool) error {
 	leases := make([]*coordinationv1.Lease, g.cfg.Slots)
 	leases[h.slot] = cleared
 	free := []int{h.slot}
+	done := cleared.Annotations[SeededAnnotation] == g.cfg.SeedKey || g.cfg.SeedNodes == 0
 	if seeded {
 		leases, free, err = g.vacant(ctx)
 		if err != nil {
@@ -141,7 +168,7 @@ func (h *Holding) release(ctx context.Context, seeded bool) error {
 			return nil
 		}
 	}
-	g.handOut(ctx, leases, free)
+	g.handOut(ctx, leases, free, "", done)
 	return nil
 }
 

@@ -37,9 +37,10 @@ import (
 //     duration, on the head's own clock) or that is free is taken by the
 //     head and handed to the tickets after it.
 //
-// So a waiting node sends a write and a list when it starts to wait, and
-// keeps one watch of its own ticket; its watch shows a grant or the head
-// mark, nothing else. The slot Leases stay the only record of who holds:
+// So a waiting node sends a write and two lists when it starts to wait
+// (the second tells whether it is alone, and so the head), and keeps one
+// watch of its own ticket; its watch shows a grant or the head mark,
+// nothing else. The slot Leases stay the only record of who holds:
 // every write of a slot carries the version it was read at, so the queue
 // can delay a hand-over but never make a K+1st holder.
 const (
@@ -50,6 +51,9 @@ const (
 	// HeadAnnotation marks the ticket whose node looks at the slots.
 	HeadAnnotation = v1alpha1.LabelDomain + "/head"
 
+	// maxTries is how many free slots one look writes at most, one after
+	// the other while each race is lost.
+	maxTries = 3
 	// headPoll is how often the head lists the slots.
 	headPoll = 5 * time.Second
 	// listPeriod: at most one list or watch a second, whatever fails.
@@ -60,10 +64,10 @@ const (
 	recheck = 5 * time.Minute
 )
 
-// TicketName is the ticket of node's agent: one per node, so that a new
-// pod on the node keeps its predecessor's place in the queue.
-func TicketName(instance, node string) string {
-	sum := sha256.Sum256([]byte(node))
+// ticketName is the ticket of a wait whose holder is id: one per wait,
+// so that two waits never share one, whatever runs them.
+func ticketName(instance, id string) string {
+	sum := sha256.Sum256([]byte(id))
 	return fmt.Sprintf("%s-wait-%x", instance, sum[:8])
 }
 
@@ -74,6 +78,7 @@ func TicketName(instance, node string) string {
 func (w *waiter) queue() (*Holding, error) {
 	g := w.g
 	w.ticketID = fmt.Sprintf("%s-%08x", g.cfg.Identity, mrand.Uint32())
+	w.ticketName = ticketName(g.cfg.Instance, w.ticketID)
 	var pause time.Duration
 	for {
 		if !sleep(w.ctx, max(pause, w.listedAt.Add(listPeriod).Sub(g.now()))) {
@@ -116,11 +121,15 @@ func (w *waiter) queueRound() (*Holding, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.retry = g.retry // the API answers again; failed takes from here double the pause
 	if h, err := w.lookAndTake(); h != nil || err != nil {
 		return h, err
 	}
-	w.refusedSince = time.Time{}
-	w.retry = g.retry
+	if !w.head {
+		if w.head, err = w.alone(); err != nil {
+			return nil, err
+		}
+	}
 	if !w.loggedWait {
 		w.loggedWait = true
 		g.log.Info("all pull slots are busy; waiting in the queue", "slots", w.eligible(), "seeded", w.seeded,
@@ -129,11 +138,11 @@ func (w *waiter) queueRound() (*Holding, error) {
 	return w.followTicket(t)
 }
 
-// writeTicket creates our ticket, or takes over the one a predecessor on
-// this node left (its place in the queue is ours), naming w.id as holder.
+// writeTicket creates our ticket, or writes it afresh if it is there (a
+// create whose answer was lost), naming w.ticketID as holder.
 func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 	g := w.g
-	name := TicketName(g.cfg.Instance, g.cfg.Node)
+	name := w.ticketName
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace}}
 	g.ticketed(lease, w.ticketID)
 	made, err := g.create(w.ctx, lease)
@@ -149,7 +158,7 @@ func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 		return true, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("take over ticket Lease %s/%s: %w", g.cfg.Namespace, name, err)
+		return nil, fmt.Errorf("write ticket Lease %s/%s: %w", g.cfg.Namespace, name, err)
 	}
 	w.head = false
 	return made, nil
@@ -169,24 +178,46 @@ func (g *Gate) ticketed(l *coordinationv1.Lease, id string) {
 
 // lookAndTake lists the slots and takes one that may be taken: free, ours
 // from a take whose answer never came, or expired (seen unchanged for its
-// lease duration, which only the head and rare looks see). There is one
-// write, at once: a waiter that loses the race waits in the queue. The
-// head hands the other slots it finds to the tickets after its own.
+// lease duration, which only the head and rare looks see). Writes go out
+// at once, one after the other while races are lost, at most maxTries:
+// a waiter that loses them waits in the queue. The head hands the other
+// slots it finds to the tickets after its own.
 func (w *waiter) lookAndTake() (*Holding, error) {
 	g := w.g
+	w.tryAgain = false
 	if err := w.listSlots(); err != nil {
 		return nil, err
 	}
+	w.refusedSince = time.Time{}
 	free, _ := w.free(g.now())
-	if len(free) == 0 {
-		return nil, nil
+	mrand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
+	// A lost race moves on to the next free slot; a failed write pauses.
+	for n, i := range free[:min(len(free), maxTries)] {
+		h, err := w.take(i)
+		if err != nil || w.tryAgain {
+			return nil, err
+		}
+		if h != nil {
+			if w.head {
+				g.handOut(w.ctx, w.leases, free[n+1:], w.ticketName, w.seeded)
+			}
+			return h, nil
+		}
 	}
-	pick := free[mrand.IntN(len(free))]
-	if w.head && len(free) > 1 {
-		rest := slices.DeleteFunc(slices.Clone(free), func(i int) bool { return i == pick })
-		g.handOut(w.ctx, w.leases, rest)
+	return nil, nil
+}
+
+// alone says whether our ticket is the only one: then no hand-over would
+// ever make us head, so we are. Two tickets are enough to tell.
+func (w *waiter) alone() (bool, error) {
+	g := w.g
+	ctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
+	defer cancel()
+	list, err := g.cfg.Client.List(ctx, metav1.ListOptions{LabelSelector: g.ticketSelector, Limit: 2})
+	if err != nil {
+		return false, fmt.Errorf("list ticket Leases %s/%s: %w", g.cfg.Namespace, g.ticketSelector, err)
 	}
-	return w.take(pick)
+	return len(list.Items) <= 1, nil
 }
 
 // listSlots reads the instance's slots; a version seen before keeps the
@@ -226,13 +257,17 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 	rv := t.ResourceVersion
 	for {
 		look := g.now().Add(w.lookEvery())
+		// A take refused or failed just now is tried again after its pause.
+		if again := w.againAt(); w.tryAgain && again.Before(look) {
+			look = again
+		}
 		for g.now().Before(look) {
 			stream, err := w.watchTicket(t.Name, rv)
 			if err != nil {
 				return nil, err
 			}
 			started := g.now()
-			h, again, err := w.readTicket(stream, &rv, look)
+			h, again, closed, err := w.readTicket(stream, &rv, look)
 			stream.Stop()
 			if h != nil || err != nil || again {
 				return h, err
@@ -242,7 +277,7 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 					look = soon
 				}
 			}
-			if g.now().Sub(started) < listPeriod && !sleep(w.ctx, listPeriod) {
+			if closed && g.now().Sub(started) < listPeriod && !sleep(w.ctx, listPeriod) {
 				return nil, w.ended() // a watch that ends at once is not resumed at once
 			}
 		}
@@ -250,6 +285,18 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 			return h, err
 		}
 	}
+}
+
+// againAt is when a refused or failed take may be tried again: the end of
+// the pause after a failed write, or of the first denial to end.
+func (w *waiter) againAt() time.Time {
+	at := w.quietUntil
+	for _, t := range w.deniedUntil {
+		if t.After(w.g.now()) && (at.Before(w.g.now()) || t.Before(at)) {
+			at = t
+		}
+	}
+	return at
 }
 
 func (w *waiter) lookEvery() time.Duration {
@@ -269,24 +316,25 @@ func (w *waiter) watchTicket(name, rv string) (watch.Interface, error) {
 }
 
 // readTicket reads the ticket's watch until the ticket is granted, made
-// head, must be written again (again: deleted, taken over by another pod
-// of this node, or the watch cannot resume), the watch ends, or until.
-func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time) (*Holding, bool, error) {
+// head, must be written again (again: deleted, or the watch cannot
+// resume), the watch ends (closed), or until.
+func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time) (h *Holding, again, closed bool,
+	err error) {
 	g := w.g
 	timer := time.NewTimer(max(0, until.Sub(g.now())))
 	defer timer.Stop()
 	for {
 		select {
 		case <-w.ctx.Done():
-			return nil, false, w.ended()
+			return nil, false, false, w.ended()
 		case <-timer.C:
-			return nil, false, nil
+			return nil, false, false, nil
 		case ev, ok := <-stream.ResultChan():
 			if !ok {
-				return nil, false, nil
+				return nil, false, true, nil
 			}
 			if ev.Type == watch.Error || ev.Type == watch.Deleted {
-				return nil, true, nil
+				return nil, true, false, nil
 			}
 			l, ok := ev.Object.(*coordinationv1.Lease)
 			if !ok {
@@ -294,16 +342,20 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time)
 			}
 			*rv = l.ResourceVersion
 			if holder(l) != w.ticketID {
-				return nil, true, nil
+				return nil, true, false, nil
+			}
+			if l.Annotations[SeededAnnotation] == g.cfg.SeedKey && !w.seeded {
+				w.seeded = true
+				g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 			}
 			if s, ok := l.Annotations[GrantedAnnotation]; ok {
 				h, err := w.granted(s)
-				return h, h == nil && err == nil, err
+				return h, h == nil && err == nil, false, err
 			}
 			if !w.head && l.Annotations[HeadAnnotation] == "true" {
 				w.head = true
 				g.log.Info("this node heads the pull-slot queue: it looks at the slots every few seconds")
-				return nil, false, nil
+				return nil, false, false, nil
 			}
 		}
 	}
@@ -336,15 +388,14 @@ func (w *waiter) granted(s string) (*Holding, error) {
 	return w.take(i)
 }
 
-// deleteTicket removes our ticket once we hold a slot or stop waiting.
-func (g *Gate) deleteTicket(ctx context.Context) {
-	name := TicketName(g.cfg.Instance, g.cfg.Node)
+// deleteTicket removes a ticket once its wait is over.
+func (g *Gate) deleteTicket(ctx context.Context, name string) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()
 	err := g.cfg.Client.Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		g.log.Warn("could not delete this node's pull-slot ticket; a holder hands it a slot, which frees"+
-			" itself after the lease duration", "ticket", name, "err", err)
+		g.log.Warn("could not delete this node's pull-slot ticket; a slot handed to it frees itself"+
+			" after the lease duration, and the ticket goes then", "ticket", name, "err", err)
 	}
 }
 

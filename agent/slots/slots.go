@@ -73,9 +73,6 @@ type Config struct {
 	// list: a finished seed opens the gate only for nodes with the same key,
 	// so a new list is seeded again. Empty means "any seed counts".
 	SeedKey string
-	// Node is this agent's node: its ticket in the queue is named after
-	// it (queue.go).
-	Node string
 	// Identity names this agent in holderIdentity, usually the pod name;
 	// each Hold appends a random suffix, so two holds never share a name.
 	Identity string
@@ -153,8 +150,6 @@ func check(cfg Config) error {
 		return fmt.Errorf("%d seed nodes, need 0 (no seed mode) or more", cfg.SeedNodes)
 	case cfg.Identity == "":
 		return errors.New("no holder identity (set POD_NAME)")
-	case cfg.Node == "":
-		return errors.New("no node name (set NODE_NAME)")
 	}
 	durations := []struct {
 		name string
@@ -185,7 +180,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
 	w := g.newWaiter(ctx)
 	h, err := w.wait()
-	g.leaveQueue(ctx, w.head)
+	g.leaveQueue(ctx, w.ticketName, w.head)
 	if err != nil {
 		g.disownAll(w.unsure)
 		return nil, err

@@ -62,11 +62,14 @@ type waiter struct {
 	loggedWait   bool
 	// listedAt is when the slots were last listed.
 	listedAt time.Time
-	// ticketID is the holder our ticket names: a grant writes it into a
-	// slot. Each take names a holder of its own (id).
-	ticketID string
+	// ticketID is the holder our ticket, ticketName, names: a grant
+	// writes it into a slot. Each take names a holder of its own (id).
+	ticketID   string
+	ticketName string
 	// head: our ticket heads the queue, so we look at the slots.
 	head bool
+	// tryAgain: a take failed or was refused; look again after its pause.
+	tryAgain bool
 }
 
 // take is a take's write whose answer never came: the holder it named,
@@ -208,6 +211,10 @@ func (w *waiter) take(i int) (*Holding, error) {
 	seed := !w.seeded
 	sent := g.now()
 	lease := g.taken(l, i, w.id, sent)
+	if l != nil && holder(l) == w.ticketID {
+		// Handed to us: the grant and this write are one transition.
+		lease.Spec.LeaseTransitions = l.Spec.LeaseTransitions
+	}
 	held, err := w.send(i, func(ctx context.Context) (*coordinationv1.Lease, error) {
 		return write(ctx, lease)
 	})
@@ -288,6 +295,7 @@ func (w *waiter) failed(verb string, i int, seen *coordinationv1.Lease, err erro
 		return nil
 	}
 	g.log.Warn("pull slot API call failed; backing off", "verb", verb, "slot", w.names[i], "err", err)
+	w.tryAgain = true
 	if verb != "get" {
 		w.unsure = append(w.unsure, take{id: w.id, slot: i, sent: g.now()})
 	}
@@ -305,6 +313,7 @@ func (w *waiter) denied(verb string, i int, err error) error {
 	pause := cmp.Or(w.deniedPause[i], g.retry)
 	w.deniedPause[i] = min(2*pause, maxRetry)
 	w.deniedUntil[i] = now.Add(pause)
+	w.tryAgain = true
 	g.log.Warn("the API refused this pull slot (was maxConcurrentNodes lowered?); skipping it for a while",
 		"slot", w.names[i], "verb", verb, "retryIn", pause.String(), "err", err)
 	for j := range w.eligible() {
