@@ -125,27 +125,6 @@ func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[
 	}
 }
 
-// leaveQueue deletes our ticket once the wait is over, within
-// Config.ReleaseGrace if it ended with ctx, and passes the head mark on if
-// we had it.
-func (g *Gate) leaveQueue(ctx context.Context, ticket string, head bool) {
-	if ticket == "" {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ReleaseGrace)
-	defer cancel()
-	g.deleteTicket(ctx, ticket)
-	if !head {
-		return
-	}
-	queue, _, err := g.tickets(ctx, "")
-	if err != nil {
-		g.log.Warn("could not pass on the head of the pull-slot queue; the next hand-over does", "err", err)
-		return
-	}
-	g.markHead(ctx, queue)
-}
-
 // release clears our slot (seeded: recording that the seed finished) and
 // hands it to the queue; a seed also hands out every slot the seed mode
 // kept closed. Reading the tickets after the clear is written means that

@@ -104,6 +104,7 @@ func (w *waiter) queue() (*Holding, error) {
 			}
 		}
 		pause = w.backOff()
+		w.recovering, w.failedAt = true, g.now()
 		g.log.Warn("waiting in the pull-slot queue failed; will retry",
 			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
 	}
@@ -147,6 +148,7 @@ func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 	g.ticketed(lease, w.ticketID)
 	made, err := g.create(w.ctx, lease)
 	if err == nil {
+		w.ticketRV = made.ResourceVersion
 		return made, nil
 	}
 	if !apierrors.IsAlreadyExists(err) {
@@ -160,7 +162,7 @@ func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("write ticket Lease %s/%s: %w", g.cfg.Namespace, name, err)
 	}
-	w.head = false
+	w.ticketRV = made.ResourceVersion
 	return made, nil
 }
 
@@ -187,6 +189,9 @@ func (w *waiter) lookAndTake() (*Holding, error) {
 	w.tryAgain = false
 	if err := w.listSlots(); err != nil {
 		return nil, err
+	}
+	if w.recovering && !g.now().Before(w.failedAt.Add(g.cfg.LeaseDuration)) {
+		w.recovering = false // a lease duration since the API failed us: expiries are judged now
 	}
 	w.refusedSince = time.Time{}
 	free, _ := w.free(g.now())
@@ -260,6 +265,11 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 		// A take refused or failed just now is tried again after its pause.
 		if again := w.againAt(); w.tryAgain && again.Before(look) {
 			look = again
+		}
+		// After the API failed us, holders may have lost their slots as we
+		// could not see: look once more when those would have expired.
+		if soon := g.now().Add(g.cfg.LeaseDuration + time.Second); w.recovering && soon.Before(look) {
+			look = soon
 		}
 		for g.now().Before(look) {
 			stream, err := w.watchTicket(t.Name, rv)
@@ -341,6 +351,7 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time)
 				continue
 			}
 			*rv = l.ResourceVersion
+			w.ticketRV = l.ResourceVersion
 			if holder(l) != w.ticketID {
 				return nil, true, false, nil
 			}
@@ -388,7 +399,68 @@ func (w *waiter) granted(s string) (*Holding, error) {
 	return w.take(i)
 }
 
-// deleteTicket removes a ticket once its wait is over.
+// leave deletes our ticket once the wait is over (within
+// Config.ReleaseGrace if it ended with its context), and passes the head
+// mark on if we had it. A holder may have handed the ticket a slot while
+// we took another (held): the delete, made on the ticket's version as we
+// last saw it, fails then, and that slot is handed on.
+func (w *waiter) leave(held *Holding) {
+	g := w.g
+	if w.ticketName == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), g.cfg.ReleaseGrace)
+	defer cancel()
+	rv := w.ticketRV
+	err := g.cfg.Client.Delete(ctx, w.ticketName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+	if apierrors.IsConflict(err) {
+		w.returnGrant(ctx, held)
+		err = g.cfg.Client.Delete(ctx, w.ticketName, metav1.DeleteOptions{})
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		g.log.Warn("could not delete this node's pull-slot ticket; a slot handed to it frees itself"+
+			" after the lease duration, and the ticket goes then", "ticket", w.ticketName, "err", err)
+	}
+	if !w.head {
+		return
+	}
+	queue, _, err := g.tickets(ctx, "")
+	if err != nil {
+		g.log.Warn("could not pass on the head of the pull-slot queue; the next hand-over does", "err", err)
+		return
+	}
+	g.markHead(ctx, queue)
+}
+
+// returnGrant hands on the slot our ticket was granted, if it is not the
+// one we hold and still names the ticket.
+func (w *waiter) returnGrant(ctx context.Context, held *Holding) {
+	g := w.g
+	t, err := g.get(ctx, w.ticketName)
+	if err != nil {
+		return
+	}
+	i, err := strconv.Atoi(t.Annotations[GrantedAnnotation])
+	if err != nil || i < 0 || i >= len(w.names) || (held != nil && held.slot == i) {
+		return
+	}
+	cleared, err := g.rewrite(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: w.names[i]}},
+		func(l *coordinationv1.Lease) (bool, error) {
+			if holder(l) != w.ticketID {
+				return false, nil
+			}
+			g.vacate(l)
+			return true, nil
+		})
+	if err != nil || holder(cleared) != "" {
+		return
+	}
+	leases := make([]*coordinationv1.Lease, len(w.names))
+	leases[i] = cleared
+	g.handOut(ctx, leases, []int{i}, w.ticketName, w.seeded)
+}
+
+// deleteTicket removes a ticket whose node is gone.
 func (g *Gate) deleteTicket(ctx context.Context, name string) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
 	defer cancel()

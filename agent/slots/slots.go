@@ -180,7 +180,7 @@ func (g *Gate) Hold(ctx context.Context) (*Holding, error) {
 	start := g.now()
 	w := g.newWaiter(ctx)
 	h, err := w.wait()
-	g.leaveQueue(ctx, w.ticketName, w.head)
+	w.leave(h)
 	if err != nil {
 		g.disownAll(w.unsure)
 		return nil, err

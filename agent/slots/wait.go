@@ -66,10 +66,16 @@ type waiter struct {
 	// writes it into a slot. Each take names a holder of its own (id).
 	ticketID   string
 	ticketName string
+	// ticketRV is our ticket's version as last written or seen.
+	ticketRV string
 	// head: our ticket heads the queue, so we look at the slots.
 	head bool
 	// tryAgain: a take failed or was refused; look again after its pause.
 	tryAgain bool
+	// recovering: the API failed us at failedAt; look again once slots
+	// that holders lost meanwhile have expired.
+	recovering bool
+	failedAt   time.Time
 }
 
 // take is a take's write whose answer never came: the holder it named,

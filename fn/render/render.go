@@ -272,15 +272,15 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 		for i := range names {
 			names[i] = v1alpha1.LeaseName(c.Name, i)
 		}
-		// RBAC cannot limit "create" by name, hence separate rules. Nor can
-		// it limit a list or watch by label: a waiting node follows its
-		// instance's slots with one label-selected watch, so it may read
-		// every Lease of the namespace, while it may write only the K
-		// slots. One watch per slot name would keep reads to those names
-		// too, at K watches per node (docs/security.md).
+		// The K slots, and the tickets of the queue, one per waiting
+		// node, whose names are made at run time: RBAC can name neither
+		// these nor a label (docs/herd.md), so the agent may read and write
+		// every Lease of the namespace. TODO(issue 50): an admission rule
+		// limiting the writes to <instance>-slot-* and <instance>-wait-*.
+		_ = names
 		rules = append(rules,
-			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "list", "watch"}},
-			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: names, Verbs: []string{"get", "update", "delete"}},
+			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
+				Verbs: []string{"create", "get", "list", "watch", "update", "delete"}},
 		)
 	}
 	return rules

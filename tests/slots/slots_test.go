@@ -145,6 +145,8 @@ func (e *testEnv) agentTokenWith(t *testing.T, instance string, k int, verbs ...
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: verbs},
 			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update", "delete"}, ResourceNames: names},
+			// The queue's tickets (agent/slots/queue.go), named at run time.
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update", "delete"}},
 		},
 	}
 	binding := &rbacv1.RoleBinding{
@@ -224,7 +226,8 @@ func (e *testEnv) heldLeases(t *testing.T, instance string, k int) map[string]st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	list, err := e.admin.CoordinationV1().Leases(e.ns).List(ctx, metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance})
+	list, err := e.admin.CoordinationV1().Leases(e.ns).List(ctx, metav1.ListOptions{
+		LabelSelector: slots.LabelInstance + "=" + instance + "," + slots.LabelComponent + "=" + slots.LabelComponentSlot})
 	if err != nil {
 		t.Fatalf("list Leases: %v", err)
 	}
