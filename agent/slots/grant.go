@@ -67,37 +67,55 @@ func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free
 				"slot", prev.Name, "ticket", stale)
 			g.deleteTicket(ctx, stale)
 		}
-		if len(queue) == 0 {
-			break
-		}
-		t := &queue[0]
-		next := g.taken(prev, i, holder(t), g.now())
-		write := g.update
-		if prev == nil {
-			write = g.create
-		}
-		if _, err := write(ctx, next); err != nil {
-			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-				g.log.Warn("could not hand a pull slot to the queue", "slot", next.Name, "ticket", t.Name, "err", err)
+		// A ticket may go between our list and our write (its node took
+		// another slot): the slot then goes to the next, or is cleared.
+		for len(queue) > 0 {
+			t := &queue[0]
+			queue = queue[1:]
+			written, err := g.writeSlot(ctx, prev, i, holder(t))
+			if err != nil {
+				break
 			}
-			continue
+			if g.markGranted(ctx, t, i, seeded) {
+				handed++
+				break
+			}
+			prev = written
+			if len(queue) == 0 {
+				if err := g.disown(ctx, written, holder(t)); err != nil {
+					g.log.Warn("could not clear a pull slot handed to a ticket that went; it frees itself after the lease duration",
+						"slot", written.Name, "err", err)
+				}
+			}
 		}
-		g.markGranted(ctx, t, i, seeded)
-		queue = queue[1:]
-		handed++
 	}
 	g.markHead(ctx, queue)
 	return handed
 }
 
+// writeSlot writes id as the holder of slot i, read as prev (nil: not
+// made yet); a slot written since it was read is someone else's now.
+func (g *Gate) writeSlot(ctx context.Context, prev *coordinationv1.Lease, i int, id string) (*coordinationv1.Lease, error) {
+	next := g.taken(prev, i, id, g.now())
+	write := g.update
+	if prev == nil {
+		write = g.create
+	}
+	written, err := write(ctx, next)
+	if err != nil && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+		g.log.Warn("could not hand a pull slot to the queue", "slot", next.Name, "err", err)
+	}
+	return written, err
+}
+
 // markGranted tells ticket t's node that slot i names it, and whether a
-// seed has finished.
-func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, seeded bool) {
+// seed has finished. It reports whether the ticket was still there.
+func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, seeded bool) bool {
 	marks := map[string]string{GrantedAnnotation: strconv.Itoa(i)}
 	if seeded {
 		marks[SeededAnnotation] = g.cfg.SeedKey
 	}
-	g.annotate(ctx, t, marks)
+	return g.annotate(ctx, t, marks)
 }
 
 // markHead makes the oldest ticket of queue the head, unless it is.
@@ -111,10 +129,15 @@ func (g *Gate) markHead(ctx context.Context, queue []coordinationv1.Lease) {
 // annotate sets marks on ticket t if it still names the same holder.
 // Failing costs time, not safety: a grant the node never hears of
 // expires, and the head is marked again at the next hand-over.
-func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[string]string) {
+// It reports whether the ticket is there, names that holder and is not
+// granted yet.
+func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[string]string) bool {
 	id := holder(t)
+	same := true
 	_, err := g.rewrite(ctx, t.DeepCopy(), func(l *coordinationv1.Lease) (bool, error) {
-		if holder(l) != id {
+		// Granted already, by a holder that read the queue when we did.
+		if _, granted := l.Annotations[GrantedAnnotation]; holder(l) != id || granted {
+			same = false
 			return false, nil
 		}
 		l.Annotations = labels.Merge(l.Annotations, marks)
@@ -123,6 +146,7 @@ func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[
 	if err != nil && !apierrors.IsNotFound(err) {
 		g.log.Warn("could not mark a pull-slot ticket", "ticket", t.Name, "marks", marks, "err", err)
 	}
+	return err == nil && same
 }
 
 // release clears our slot (seeded: recording that the seed finished) and

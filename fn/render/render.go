@@ -239,6 +239,17 @@ func Render(c Config) ([]*yaml.RNode, error) {
 			},
 		})
 	}
+	if c.NodeLabel && c.AdmissionPolicy && c.MaxConcurrentNodes > 0 {
+		name := n.Cluster + ".leases"
+		objs = append(objs, c.leasePolicy(meta(name, false)), &admissionv1.ValidatingAdmissionPolicyBinding{
+			TypeMeta:   typ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+			ObjectMeta: meta(name, false),
+			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName:        name,
+				ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+			},
+		})
+	}
 	if c.Flavor == v1alpha1.FlavorOCP {
 		objs = append(objs, c.scc(meta(n.Cluster, false)))
 	}
@@ -268,16 +279,11 @@ func (c Config) roleRules() []rbacv1.PolicyRule {
 		APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"},
 	}}
 	if c.MaxConcurrentNodes > 0 {
-		names := make([]string, c.MaxConcurrentNodes)
-		for i := range names {
-			names[i] = v1alpha1.LeaseName(c.Name, i)
-		}
-		// The K slots, and the tickets of the queue, one per waiting
-		// node, whose names are made at run time: RBAC can name neither
-		// these nor a label (docs/herd.md), so the agent may read and write
-		// every Lease of the namespace. TODO(issue 50): an admission rule
-		// limiting the writes to <instance>-slot-* and <instance>-wait-*.
-		_ = names
+		// The K slots, and the tickets of the queue, one per wait, whose
+		// names are made at run time: RBAC can name neither, nor select by
+		// label, so the Role lets the agent read and write every Lease of
+		// the namespace, and the Lease policy (leasePolicy) limits its
+		// writes to the slots and tickets of its instance.
 		rules = append(rules,
 			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
 				Verbs: []string{"create", "get", "list", "watch", "update", "delete"}},
@@ -555,6 +561,48 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 	p.Spec.Variables = append(p.Spec.Variables, c.startupTaintVariables()...)
 	p.Spec.Validations = append(p.Spec.Validations, c.startupTaintValidations()...)
 	return p
+}
+
+// leasePolicy limits the agent's Lease writes to its instance's K slots
+// and its queue's tickets (agent/slots): the Role cannot name them. It
+// recognises the agent by the ClusterRole's mark, as admissionPolicy does.
+func (c Config) leasePolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmissionPolicy {
+	fail := admissionv1.Fail
+	marker := fmt.Sprintf("authorizer.group('%s').resource('%s')", v1alpha1.Group, MarkerResource)
+	slots := make([]string, c.MaxConcurrentNodes)
+	for i := range slots {
+		slots[i] = "'" + v1alpha1.LeaseName(c.Name, i) + "'"
+	}
+	ticket := c.Name + "-wait-"
+	return &admissionv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: meta,
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionv1.MatchResources{
+				ResourceRules: []admissionv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionv1.RuleWithOperations{
+						Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+						Rule: admissionv1.Rule{APIGroups: []string{"coordination.k8s.io"}, APIVersions: []string{"v1"},
+							Resources: []string{"leases"}},
+					},
+				}},
+			},
+			MatchConditions: []admissionv1.MatchCondition{
+				{
+					Name:       "is-image-prefetcher-agent",
+					Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, c.instance().Marker(), MarkerVerb),
+				},
+				{Name: "not-a-wildcard-grant", Expression: fmt.Sprintf("!%s.check('%s').allowed()", marker, MarkerVerb)},
+			},
+			Validations: []admissionv1.Validation{{
+				Expression: fmt.Sprintf("request.name in [%s] || (request.name.startsWith('%s') && request.name.size() == %d && request.name.substring(%d).matches('^[0-9a-f]+$'))",
+					strings.Join(slots, ", "), ticket, len(ticket)+16, len(ticket)),
+				Message: fmt.Sprintf("the image prefetcher may only write the Leases %s-slot-0 to %s-slot-%d and its queue's tickets %s<16 hex digits>",
+					c.Name, c.Name, c.MaxConcurrentNodes-1, ticket),
+			}},
+		},
+	}
 }
 
 // securityContextConstraints is the part of OpenShift's SCC type that the

@@ -11,7 +11,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
 )
 
@@ -80,7 +79,7 @@ func (h *harness) slotsFree(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		list, err := h.cs.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance})
+		list, err := h.cs.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: slotSelector})
 		held := 0
 		if err == nil {
 			for _, l := range list.Items {

@@ -349,6 +349,9 @@ func (h *harness) apply(ctx context.Context, cfg Config) error {
 	return err
 }
 
+// slotSelector selects the instance's slot Leases, not its queue's tickets.
+var slotSelector = slots.LabelInstance + "=" + instance + "," + slots.LabelComponent + "=" + slots.LabelComponentSlot
+
 // reset removes what an earlier run left: the slot Leases (and the seed
 // record on slot 0) and the label and annotation on its nodes.
 func (h *harness) reset(ctx context.Context) error {
@@ -540,7 +543,7 @@ func (lw *leaseWatch) run(ctx context.Context, cs kubernetes.Interface) error {
 // etcd 3.4 cannot confirm (504 "Too large resource version"): watch from
 // a list's resourceVersion, as informers do.
 func (lw *leaseWatch) list(ctx context.Context, cs kubernetes.Interface) (watch.Interface, error) {
-	opts := metav1.ListOptions{LabelSelector: slots.LabelInstance + "=" + instance}
+	opts := metav1.ListOptions{LabelSelector: slotSelector}
 	list, err := cs.CoordinationV1().Leases(namespace).List(ctx, opts)
 	if err != nil {
 		return nil, err

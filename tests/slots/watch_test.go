@@ -18,8 +18,9 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // Against the real apiserver (its RBAC, its watch cache), waiting nodes
-// send nothing while the only slot stays busy, and one of them takes it
-// as soon as it is released.
+// send nothing while the only slot stays busy (the head of the queue
+// looks every 5 s, after this window), and one of them takes it as soon
+// as it is released.
 func (e *testEnv) testQuietWaiters(t *testing.T) {
 	const n, instance = 8, "quiet"
 	token := e.agentToken(t, instance, 1)
@@ -41,8 +42,9 @@ func (e *testEnv) testQuietWaiters(t *testing.T) {
 			}
 		}()
 	}
-	// Every waiter lists and watches: two requests each.
-	for calls.Load() < 2*n {
+	// Every waiter writes its ticket, lists the slots and the tickets, and
+	// watches its ticket: four requests each.
+	for calls.Load() < 4*n {
 		time.Sleep(10 * time.Millisecond)
 	}
 	before := calls.Load()

@@ -208,9 +208,10 @@ patches:
 	if !strings.Contains(field(t, vap, "spec", "variables", "[name=key]", "expression"), "image-prefetcher.stackrox.io/dev-demo") {
 		t.Error("policy key is not the prefixed instance name")
 	}
-	role := find(t, m, "Role", "image-prefetcher-dev-demo")
-	if rules := role.MustString(); !strings.Contains(rules, "dev-demo-slot-1") || strings.Contains(rules, "dev-demo-slot-2") {
-		t.Errorf("lease names do not follow the prefixed instance and maxConcurrentNodes=2:\n%s", rules)
+	leases := find(t, m, "ValidatingAdmissionPolicy", "image-prefetcher.dev.dev-demo.leases")
+	if got := leases.MustString(); !strings.Contains(got, "'dev-demo-slot-1'") || strings.Contains(got, "dev-demo-slot-2") ||
+		!strings.Contains(got, "'dev-demo-wait-'") {
+		t.Errorf("lease names do not follow the prefixed instance and maxConcurrentNodes=2:\n%s", got)
 	}
 	for _, r := range m.Resources() {
 		if r.GetKind() == "ImagePrefetcher" {
