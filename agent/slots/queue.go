@@ -123,6 +123,14 @@ func (w *waiter) queueRound() (*Holding, error) {
 		return nil, err
 	}
 	w.retry = g.retry // the API answers again; failed takes from here double the pause
+	if s, ok := t.Annotations[GrantedAnnotation]; ok {
+		if h, err := w.granted(s); h != nil || err != nil {
+			return h, err
+		}
+		if err := w.clearGrant(); err != nil {
+			return nil, err
+		}
+	}
 	if h, err := w.lookAndTake(); h != nil || err != nil {
 		return h, err
 	}
@@ -166,16 +174,35 @@ func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 	return made, nil
 }
 
-// ticketed makes l a ticket naming id, not granted and not head.
+// ticketed makes l a ticket naming id, not head. A grant stays: the slot
+// names us, and the round takes it (queueRound).
 func (g *Gate) ticketed(l *coordinationv1.Lease, id string) {
 	l.Labels = labels.Merge(l.Labels, map[string]string{
 		LabelName:      "image-prefetcher",
 		LabelInstance:  g.cfg.Instance,
 		LabelComponent: LabelComponentTicket,
 	})
-	delete(l.Annotations, GrantedAnnotation)
 	delete(l.Annotations, HeadAnnotation)
 	l.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id}
+}
+
+// clearGrant removes a grant our ticket carries whose slot no longer names
+// us (taken over after it expired), so that the queue hands us another.
+func (w *waiter) clearGrant() error {
+	g := w.g
+	cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: w.ticketName}}
+	made, err := g.rewrite(w.ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
+		if _, ok := l.Annotations[GrantedAnnotation]; !ok {
+			return false, nil
+		}
+		delete(l.Annotations, GrantedAnnotation)
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("write ticket Lease %s/%s: %w", g.cfg.Namespace, w.ticketName, err)
+	}
+	w.ticketRV = made.ResourceVersion
+	return nil
 }
 
 // lookAndTake lists the slots and takes one that may be taken: free, ours
@@ -319,15 +346,18 @@ func (w *waiter) lookEvery() time.Duration {
 func (w *waiter) watchTicket(name, rv string) (watch.Interface, error) {
 	secs := int64((resync + mrand.N(resync+1)) / time.Second)
 	return w.g.cfg.Client.Watch(w.ctx, metav1.ListOptions{
-		FieldSelector:   fields.OneTermEqualSelector("metadata.name", name).String(),
-		ResourceVersion: rv,
-		TimeoutSeconds:  &secs,
+		FieldSelector:       fields.OneTermEqualSelector("metadata.name", name).String(),
+		ResourceVersion:     rv,
+		TimeoutSeconds:      &secs,
+		AllowWatchBookmarks: true,
 	})
 }
 
 // readTicket reads the ticket's watch until the ticket is granted, made
-// head, must be written again (again: deleted, or the watch cannot
-// resume), the watch ends (closed), or until.
+// head, must be written again (again: deleted), the watch ends (closed),
+// or until. Bookmarks keep the version to resume from recent, so that a
+// watch of a ticket that never changes can be resumed; one that is too
+// old all the same (410 Gone) is resumed from the ticket read afresh.
 func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time) (h *Holding, again, closed bool,
 	err error) {
 	g := w.g
@@ -343,33 +373,57 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time)
 			if !ok {
 				return nil, false, true, nil
 			}
-			if ev.Type == watch.Error || ev.Type == watch.Deleted {
+			var l *coordinationv1.Lease
+			switch ev.Type {
+			case watch.Deleted:
 				return nil, true, false, nil
-			}
-			l, ok := ev.Object.(*coordinationv1.Lease)
-			if !ok {
-				continue
+			case watch.Error:
+				got, err := g.get(w.ctx, w.ticketName)
+				if apierrors.IsNotFound(err) {
+					return nil, true, false, nil
+				}
+				if err != nil {
+					return nil, false, false, fmt.Errorf("read ticket Lease %s/%s: %w", g.cfg.Namespace, w.ticketName, err)
+				}
+				l = got
+			default:
+				if l, ok = ev.Object.(*coordinationv1.Lease); !ok {
+					continue
+				}
 			}
 			*rv = l.ResourceVersion
+			if ev.Type == watch.Bookmark {
+				continue
+			}
 			w.ticketRV = l.ResourceVersion
-			if holder(l) != w.ticketID {
-				return nil, true, false, nil
-			}
-			if l.Annotations[SeededAnnotation] == g.cfg.SeedKey && !w.seeded {
-				w.seeded = true
-				g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
-			}
-			if s, ok := l.Annotations[GrantedAnnotation]; ok {
-				h, err := w.granted(s)
-				return h, h == nil && err == nil, false, err
-			}
-			if !w.head && l.Annotations[HeadAnnotation] == "true" {
-				w.head = true
-				g.log.Info("this node heads the pull-slot queue: it looks at the slots every few seconds")
-				return nil, false, false, nil
+			if h, again, changed, err := w.ticketChanged(l); changed || ev.Type == watch.Error {
+				return h, again, ev.Type == watch.Error, err
 			}
 		}
 	}
+}
+
+// ticketChanged acts on our ticket as read: a grant is taken, a head mark
+// makes us look at the slots (changed: stop reading the watch).
+func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, changed bool, err error) {
+	g := w.g
+	if holder(l) != w.ticketID {
+		return nil, true, true, nil
+	}
+	if l.Annotations[SeededAnnotation] == g.cfg.SeedKey && !w.seeded {
+		w.seeded = true
+		g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
+	}
+	if s, ok := l.Annotations[GrantedAnnotation]; ok {
+		h, err := w.granted(s)
+		return h, h == nil && err == nil, true, err
+	}
+	if !w.head && l.Annotations[HeadAnnotation] == "true" {
+		w.head = true
+		g.log.Info("this node heads the pull-slot queue: it looks at the slots every few seconds")
+		return nil, false, true, nil
+	}
+	return nil, false, false, nil
 }
 
 // granted takes the slot a holder handed us: it must still name us, and
@@ -384,8 +438,12 @@ func (w *waiter) granted(s string) (*Holding, error) {
 		return nil, nil
 	}
 	got, err := g.get(w.ctx, w.names[i])
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil, w.failed("get", i, nil, err)
+		// The round is tried again, grant and all (ticketed keeps it).
+		return nil, fmt.Errorf("read the pull slot %s handed to us: %w", w.names[i], err)
 	}
 	w.leases[i] = got
 	w.since[i] = g.now()

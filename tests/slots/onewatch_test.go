@@ -3,16 +3,17 @@ package slots_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 )
 
-// Against the real apiserver (its set-based label selectors, its watch
-// cache, the RBAC the function renders): each waiter follows the
-// instance's slots with one label-selected watch, and every slot
-// released is taken by one of them.
+// Against the real apiserver (its field selectors, its watch cache, the
+// RBAC the function renders): each waiter watches its own ticket alone,
+// by name, not the slots; and every slot released is handed to one of
+// them.
 func (e *testEnv) testOneWatch(t *testing.T) {
 	const k, n, instance = 4, 3, "onewatch"
 	token := e.agentToken(t, instance, k)
@@ -26,8 +27,8 @@ func (e *testEnv) testOneWatch(t *testing.T) {
 		}
 		held = append(held, h)
 	}
-	// The waiters' watches, by label selector; more than enough room for
-	// a few each, so that a send never blocks a request.
+	// The waiters' watches, by field and label selector; more than
+	// enough room for a few each, so that a send never blocks a request.
 	watches := make(chan string, 16*n)
 	got := make(chan *slots.Holding, n)
 	for range n {
@@ -35,7 +36,7 @@ func (e *testEnv) testOneWatch(t *testing.T) {
 			func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 				if r.URL.Query().Get("watch") == "true" {
 					select {
-					case watches <- r.URL.Query().Get("labelSelector"):
+					case watches <- r.URL.Query().Get("fieldSelector") + " " + r.URL.Query().Get("labelSelector"):
 					default:
 					}
 				}
@@ -53,8 +54,8 @@ func (e *testEnv) testOneWatch(t *testing.T) {
 	for range n {
 		select {
 		case s := <-watches:
-			if want := slots.LabelComponent + "=" + slots.LabelComponentSlot + "," + slots.LabelInstance + "=" + instance; s != want {
-				t.Errorf("a waiter watches %q, want the instance's slots, %q", s, want)
+			if !strings.HasPrefix(s, "metadata.name="+instance+"-wait-") || !strings.HasSuffix(s, " ") {
+				t.Errorf("a waiter watches %q, want its ticket alone (metadata.name=%s-wait-…), no label selector", s, instance)
 			}
 		case <-ctx.Done():
 			t.Fatal("the waiters did not all watch")
@@ -69,7 +70,7 @@ func (e *testEnv) testOneWatch(t *testing.T) {
 		case h := <-got:
 			defer h.Release()
 		case <-ctx.Done():
-			t.Fatal("released slots stayed free while nodes waited")
+			t.Fatal("released slots were not handed to the waiting nodes")
 		}
 	}
 	for _, h := range held[n:] {

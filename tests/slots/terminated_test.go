@@ -2,7 +2,9 @@ package slots_test
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +25,10 @@ func (e *testEnv) testTerminatedTake(t *testing.T) {
 	defer cancel()
 	var once sync.Once
 	cutOff := func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
-		if r.Method != http.MethodPost && r.Method != http.MethodPut {
+		// The slot's write; the ticket's create comes first.
+		slotWrite := strings.Contains(r.URL.Path, "/leases/"+instance+"-slot-") ||
+			(r.Method == http.MethodPost && !strings.Contains(r.URL.Path, "/leases/") && isSlot(r))
+		if (r.Method != http.MethodPost && r.Method != http.MethodPut) || !slotWrite {
 			return rt.RoundTrip(r)
 		}
 		taking := false
@@ -57,4 +62,19 @@ func (e *testEnv) testTerminatedTake(t *testing.T) {
 	if h := l.Spec.HolderIdentity; h != nil && *h != "" {
 		t.Errorf("after the wait ended, %s names %q, a holder nobody renews; want it cleared", name, *h)
 	}
+}
+
+// isSlot says whether a create's body is a slot Lease (a create names the
+// object in its body, not its path). It leaves the body readable.
+func isSlot(r *http.Request) bool {
+	if r.GetBody == nil {
+		return false
+	}
+	body, err := r.GetBody()
+	if err != nil {
+		return false
+	}
+	defer body.Close()
+	b, err := io.ReadAll(body)
+	return err == nil && strings.Contains(string(b), slots.LabelComponentSlot)
 }
