@@ -282,46 +282,42 @@ func (w *waiter) listSlots() error {
 
 // followTicket watches our ticket alone until it is granted a slot (held
 // once our own write of that slot succeeds) or must be written again, and
-// looks at the slots now and then: every headPoll while we head the
-// queue, every recheck otherwise.
+// looks at the slots now and then (nextLook). An ended watch is resumed
+// from the last version seen, no sooner than a second after it started.
 func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 	g := w.g
 	rv := t.ResourceVersion
 	for {
-		look := g.now().Add(w.lookEvery())
-		// A take refused or failed just now is tried again after its pause.
-		if again := w.againAt(); w.tryAgain && again.Before(look) {
-			look = again
+		stream, err := w.watchTicket(t.Name, rv)
+		if err != nil {
+			return nil, err
 		}
-		// After the API failed us, holders may have lost their slots as we
-		// could not see: look once more when those would have expired.
-		if soon := g.now().Add(g.cfg.LeaseDuration + time.Second); w.recovering && soon.Before(look) {
-			look = soon
-		}
-		for g.now().Before(look) {
-			stream, err := w.watchTicket(t.Name, rv)
-			if err != nil {
-				return nil, err
-			}
-			started := g.now()
-			h, again, closed, err := w.readTicket(stream, &rv, look)
-			stream.Stop()
-			if h != nil || err != nil || again {
-				return h, err
-			}
-			if w.head {
-				if soon := g.now().Add(headPoll); soon.Before(look) {
-					look = soon
-				}
-			}
-			if closed && g.now().Sub(started) < listPeriod && !sleep(w.ctx, listPeriod) {
-				return nil, w.ended() // a watch that ends at once is not resumed at once
-			}
-		}
-		if h, err := w.lookAndTake(); h != nil || err != nil {
+		started := g.now()
+		h, again, err := w.readTicket(stream, &rv)
+		stream.Stop()
+		if h != nil || err != nil || again {
 			return h, err
 		}
+		if g.now().Sub(started) < listPeriod && !sleep(w.ctx, listPeriod) {
+			return nil, w.ended()
+		}
 	}
+}
+
+// nextLook is when to look at the slots next: every headPoll while we
+// head the queue, every recheck otherwise; sooner after a refused or
+// failed take (its pause), and once a lease duration after the API failed
+// us (holders may have lost their slots as we could not see).
+func (w *waiter) nextLook() time.Duration {
+	g := w.g
+	d := w.lookEvery()
+	if again := w.againAt().Sub(g.now()); w.tryAgain && again < d {
+		d = again
+	}
+	if soon := g.cfg.LeaseDuration + time.Second; w.recovering && soon < d {
+		d = soon
+	}
+	return max(d, 0)
 }
 
 // againAt is when a refused or failed take may be tried again: the end of
@@ -353,37 +349,40 @@ func (w *waiter) watchTicket(name, rv string) (watch.Interface, error) {
 	})
 }
 
-// readTicket reads the ticket's watch until the ticket is granted, made
-// head, must be written again (again: deleted), the watch ends (closed),
-// or until. Bookmarks keep the version to resume from recent, so that a
-// watch of a ticket that never changes can be resumed; one that is too
-// old all the same (410 Gone) is resumed from the ticket read afresh.
-func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time) (h *Holding, again, closed bool,
-	err error) {
+// readTicket reads the ticket's watch, and looks at the slots when
+// nextLook says, until the ticket is granted, must be written again
+// (again: deleted), or the watch ends. Bookmarks keep the version to
+// resume from recent, so that a watch of a ticket that never changes can
+// be resumed; one that is too old all the same (410 Gone) is resumed from
+// the ticket read afresh.
+func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, again bool, err error) {
 	g := w.g
-	timer := time.NewTimer(max(0, until.Sub(g.now())))
+	timer := time.NewTimer(w.nextLook())
 	defer timer.Stop()
 	for {
 		select {
 		case <-w.ctx.Done():
-			return nil, false, false, w.ended()
+			return nil, false, w.ended()
 		case <-timer.C:
-			return nil, false, false, nil
+			if h, err := w.lookAndTake(); h != nil || err != nil {
+				return h, false, err
+			}
+			timer.Reset(w.nextLook())
 		case ev, ok := <-stream.ResultChan():
 			if !ok {
-				return nil, false, true, nil
+				return nil, false, nil
 			}
 			var l *coordinationv1.Lease
 			switch ev.Type {
 			case watch.Deleted:
-				return nil, true, false, nil
+				return nil, true, nil
 			case watch.Error:
 				got, err := g.get(w.ctx, w.ticketName)
 				if apierrors.IsNotFound(err) {
-					return nil, true, false, nil
+					return nil, true, nil
 				}
 				if err != nil {
-					return nil, false, false, fmt.Errorf("read ticket Lease %s/%s: %w", g.cfg.Namespace, w.ticketName, err)
+					return nil, false, fmt.Errorf("read ticket Lease %s/%s: %w", g.cfg.Namespace, w.ticketName, err)
 				}
 				l = got
 			default:
@@ -396,16 +395,23 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string, until time.Time)
 				continue
 			}
 			w.ticketRV = l.ResourceVersion
-			if h, again, changed, err := w.ticketChanged(l); changed || ev.Type == watch.Error {
-				return h, again, ev.Type == watch.Error, err
+			wasHead := w.head
+			if h, again, done, err := w.ticketChanged(l); done {
+				return h, again, err
+			}
+			if w.head && !wasHead {
+				timer.Reset(w.nextLook())
+			}
+			if ev.Type == watch.Error {
+				return nil, false, nil // resume from the ticket's version
 			}
 		}
 	}
 }
 
-// ticketChanged acts on our ticket as read: a grant is taken, a head mark
-// makes us look at the slots (changed: stop reading the watch).
-func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, changed bool, err error) {
+// ticketChanged acts on our ticket as read: a grant is taken (done), a
+// head mark makes us look at the slots every headPoll.
+func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, done bool, err error) {
 	g := w.g
 	if holder(l) != w.ticketID {
 		return nil, true, true, nil
@@ -421,7 +427,6 @@ func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, chan
 	if !w.head && l.Annotations[HeadAnnotation] == "true" {
 		w.head = true
 		g.log.Info("this node heads the pull-slot queue: it looks at the slots every few seconds")
-		return nil, false, true, nil
 	}
 	return nil, false, false, nil
 }

@@ -80,7 +80,7 @@ func TestWaitersSendNothingWhileNothingChanges(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	got := waiters(ctx, t, g, n)
-	for f.requests()["watch"] < n+1 {
+	for f.requests()["watch"] < n { // each waiter watches its ticket
 		time.Sleep(time.Millisecond)
 	}
 	f.cs.ClearActions()
