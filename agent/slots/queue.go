@@ -24,14 +24,14 @@ import (
 // The queue. A node that finds every slot busy does not watch the slots:
 // each holder renews every 5 s, so a waiter watching K slots would get
 // K × 12 events a minute from heartbeats alone, and every hand-over on
-// top. It writes a ticket instead, a Lease of its own named after its
-// node, and watches that one Lease. The tickets, oldest first, are the
-// queue:
+// top. It writes a ticket instead, a Lease of its own for this wait, and
+// watches that one Lease. The tickets, oldest first, are the queue:
 //
-//   - A holder that is done hands its slot to the oldest ticket: it writes
-//     the ticket's holder into the slot, then marks the ticket granted
-//     (GrantedAnnotation) and the next one head (HeadAnnotation). The
-//     granted node re-writes the slot under its own holder and pulls.
+//   - A holder that is done clears its slot, reads the tickets and hands
+//     the slot to the oldest: it writes the ticket's holder into the slot,
+//     then claims the ticket (GrantedAnnotation, refused if another holder
+//     claimed it first) and marks the next one head (HeadAnnotation). The
+//     granted node writes the slot again under its own holder and pulls.
 //   - The head looks at the slots every few seconds, as the only waiter
 //     that does: a slot whose holder died (no renewal for the lease
 //     duration, on the head's own clock) or that is free is taken by the
