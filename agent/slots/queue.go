@@ -459,12 +459,16 @@ func (w *waiter) granted(s string) (*Holding, error) {
 	}
 	// Named by our ticket, the slot is ours to write again at once.
 	w.unsure = append(w.unsure, take{id: w.ticketID, slot: i, sent: g.now()})
-	return w.take(i)
+	h, err := w.take(i)
+	// The holder that handed us the slot marked the next ticket head.
+	w.handedHead = h != nil
+	return h, err
 }
 
 // leave deletes our ticket once the wait is over (within
 // Config.ReleaseGrace if it ended with its context), and passes the head
-// mark on if we had it. A holder may have handed the ticket a slot while
+// mark on if we had it and took our slot ourselves (a holder that hands
+// over marks the next ticket head as it does). A holder may have handed the ticket a slot while
 // we took another (held): the delete, made on the ticket's version as we
 // last saw it, fails then, and that slot is handed on.
 func (w *waiter) leave(held *Holding) {
@@ -484,7 +488,7 @@ func (w *waiter) leave(held *Holding) {
 		g.log.Warn("could not delete this node's pull-slot ticket; a slot handed to it frees itself"+
 			" after the lease duration, and the ticket goes then", "ticket", w.ticketName, "err", err)
 	}
-	if !w.head {
+	if !w.head || w.handedHead {
 		return
 	}
 	queue, _, err := g.tickets(ctx, "")

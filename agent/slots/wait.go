@@ -69,7 +69,10 @@ type waiter struct {
 	// ticketRV is our ticket's version as last written or seen.
 	ticketRV string
 	// head: our ticket heads the queue, so we look at the slots.
-	head bool
+	// handedHead: our slot was handed to us, and the head mark with it
+	// passed to the next ticket.
+	head       bool
+	handedHead bool
 	// tryAgain: a take failed or was refused; look again after its pause.
 	tryAgain bool
 	// recovering: the API failed us at failedAt; look again once slots
