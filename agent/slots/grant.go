@@ -118,12 +118,18 @@ func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, 
 	return g.annotate(ctx, t, marks)
 }
 
-// markHead makes the oldest ticket of queue the head, unless it is.
+// markHead makes the oldest ticket of queue that is still waiting the
+// head, unless it is: a ticket another holder granted meanwhile, or that
+// went, passes the mark to the next.
 func (g *Gate) markHead(ctx context.Context, queue []coordinationv1.Lease) {
-	if len(queue) == 0 || queue[0].Annotations[HeadAnnotation] == "true" {
-		return
+	for i := range queue {
+		if queue[i].Annotations[HeadAnnotation] == "true" {
+			return
+		}
+		if g.annotate(ctx, &queue[i], map[string]string{HeadAnnotation: "true"}) {
+			return
+		}
 	}
-	g.annotate(ctx, &queue[0], map[string]string{HeadAnnotation: "true"})
 }
 
 // annotate sets marks on ticket t if it still names the same holder.
