@@ -13,10 +13,11 @@ import (
 )
 
 // Handing slots to the queue (queue.go): a holder that is done, and the
-// head of the queue when it finds free or expired slots. A grant is two
-// writes: the slot, carrying the version it was judged at and naming the
-// ticket's holder, then the ticket, marked granted. A grant whose node is
-// gone is never renewed, so the slot expires and the head hands it on.
+// holders that look after the slots when they find idle ones (janitor.go).
+// A grant is two writes: the slot, carrying the version it was judged at
+// and naming the ticket's holder, then the ticket, marked granted. A grant
+// whose node is gone is never renewed, so the slot expires and is handed
+// on.
 
 // tickets lists the queue, oldest first: tickets that name a holder and
 // are not granted yet, but for skip (the caller's own). granted maps the
@@ -44,20 +45,18 @@ func (g *Gate) tickets(ctx context.Context, skip string) (queue []coordinationv1
 }
 
 // handOut hands the slots free (each as read in leases: free, expired, or
-// made free by the caller) to the queue, oldest ticket first but skip,
-// and marks
-// the oldest ticket left head. It returns how many it handed out. A slot
-// written since it was read is skipped: someone else took it.
+// made free by the caller) to the queue, oldest ticket first but skip. A
+// slot written since it was read is skipped: someone else took it.
 //
 // seeded says that a seed has finished: the nodes handed a slot then do
 // not pull as seeds.
-func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free []int, skip string, seeded bool) int {
+func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free []int, skip string, seeded bool) {
 	queue, granted, err := g.tickets(ctx, skip)
 	if err != nil {
-		g.log.Warn("could not read the pull-slot queue; the head of the queue hands the slots out", "err", err)
-		return 0
+		g.log.Warn("could not read the pull-slot queue; the holders that look after the slots hand them out",
+			"err", err)
+		return
 	}
-	handed := 0
 	for _, i := range free {
 		prev := leases[i]
 		// A slot handed to a ticket whose node never wrote it expired:
@@ -77,7 +76,6 @@ func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free
 				break
 			}
 			if g.markGranted(ctx, t, i, seeded) {
-				handed++
 				break
 			}
 			prev = written
@@ -89,8 +87,6 @@ func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free
 			}
 		}
 	}
-	g.markHead(ctx, queue)
-	return handed
 }
 
 // writeSlot writes id as the holder of slot i, read as prev (nil: not
@@ -118,23 +114,9 @@ func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, 
 	return g.annotate(ctx, t, marks)
 }
 
-// markHead makes the oldest ticket of queue that is still waiting the
-// head, unless it is: a ticket another holder granted meanwhile, or that
-// went, passes the mark to the next.
-func (g *Gate) markHead(ctx context.Context, queue []coordinationv1.Lease) {
-	for i := range queue {
-		if queue[i].Annotations[HeadAnnotation] == "true" {
-			return
-		}
-		if g.annotate(ctx, &queue[i], map[string]string{HeadAnnotation: "true"}) {
-			return
-		}
-	}
-}
-
 // annotate sets marks on ticket t if it still names the same holder.
 // Failing costs time, not safety: a grant the node never hears of
-// expires, and the head is marked again at the next hand-over.
+// expires, and the slot is handed on.
 // It reports whether the ticket is there, names that holder and is not
 // granted yet.
 func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[string]string) bool {
@@ -173,7 +155,7 @@ func (h *Holding) release(ctx context.Context, seeded bool) error {
 	if seeded {
 		leases, free, err = g.vacant(ctx)
 		if err != nil {
-			g.log.Warn("could not read the pull slots to open them after seeding; the head of the queue does", "err", err)
+			g.log.Warn("could not read the pull slots to open them after seeding; the holders that look after the slots do", "err", err)
 			return nil
 		}
 	}
@@ -191,10 +173,8 @@ func (g *Gate) vacant(ctx context.Context) ([]*coordinationv1.Lease, []int, erro
 	}
 	leases := make([]*coordinationv1.Lease, g.cfg.Slots)
 	for j := range list.Items {
-		for i := range leases {
-			if list.Items[j].Name == SlotName(g.cfg.Instance, i) {
-				leases[i] = &list.Items[j]
-			}
+		if i := g.slotIndex(list.Items[j].Name); i >= 0 {
+			leases[i] = &list.Items[j]
 		}
 	}
 	var free []int

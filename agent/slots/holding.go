@@ -33,6 +33,8 @@ type Holding struct {
 	// wasLost is set as lost is closed; Release reads it after done.
 	wasLost     bool
 	releaseOnce sync.Once
+	// janitor is set on the holders of the first slots (janitor.go).
+	janitor *janitor
 }
 
 // newHolding starts renewing a Lease that was just written with us as
@@ -51,6 +53,9 @@ func (g *Gate) newHolding(held context.Context, lease *coordinationv1.Lease, slo
 		lease:  lease,
 		unsure: unsure,
 		lost:   make(chan struct{}),
+	}
+	if slot < janitors {
+		h.janitor = &janitor{}
 	}
 	go h.renewLoop(ctx, start)
 	return h
@@ -81,6 +86,9 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 	defer close(h.done)
 	g := h.g
 	h.disownUnsure(ctx)
+	if h.janitor != nil {
+		h.lookAfter(ctx)
+	}
 	for {
 		if !sleep(ctx, lastGood.Add(g.renewInterval()).Sub(g.now())) {
 			return
@@ -111,6 +119,9 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 		h.lease = updated
 		lastGood = start
 		h.disownUnsure(ctx)
+		if h.janitor != nil {
+			h.lookAfter(ctx)
+		}
 	}
 }
 

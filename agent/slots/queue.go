@@ -30,17 +30,18 @@ import (
 //   - A holder that is done clears its slot, reads the tickets and hands
 //     the slot to the oldest: it writes the ticket's holder into the slot,
 //     then claims the ticket (GrantedAnnotation, refused if another holder
-//     claimed it first) and marks the next one head (HeadAnnotation). The
-//     granted node writes the slot again under its own holder and pulls.
-//   - The head looks at the slots every few seconds, as the only waiter
-//     that does: a slot whose holder died (no renewal for the lease
-//     duration, on the head's own clock) or that is free is taken by the
-//     head and handed to the tickets after it.
+//     claimed it first). The granted node writes the slot again under its
+//     own holder and pulls.
+//   - The holders of the first slots look after the others (janitor.go):
+//     a slot whose holder died, or handed to a ticket whose node has gone,
+//     goes to the queue once it is unchanged for its lease duration.
 //
 // So a waiting node sends a write and two lists when it starts to wait
-// (the second tells whether it is alone, and so the head), and keeps one
-// watch of its own ticket; its watch shows a grant or the head mark,
-// nothing else. The slot Leases stay the only record of who holds:
+// (the second tells whether it is alone: then it looks at the slots
+// itself every few seconds), and keeps one watch of its own ticket; its
+// watch shows a grant, nothing else. Every waiter also looks at the slots
+// now and then (recheck), in case no holder looks after them (their nodes
+// died). The slot Leases stay the only record of who holds:
 // every write of a slot carries the version it was read at, so the queue
 // can delay a hand-over but never make a K+1st holder.
 const (
@@ -48,19 +49,16 @@ const (
 	LabelComponentTicket = "pull-ticket"
 	// GrantedAnnotation on a ticket names the slot written for its holder.
 	GrantedAnnotation = v1alpha1.LabelDomain + "/granted-slot"
-	// HeadAnnotation marks the ticket whose node looks at the slots.
-	HeadAnnotation = v1alpha1.LabelDomain + "/head"
 
 	// maxTries is how many free slots one look writes at most, one after
 	// the other while each race is lost.
 	maxTries = 3
-	// headPoll is how often the head lists the slots.
-	headPoll = 5 * time.Second
+	// alonePoll is how often a waiter alone in the queue lists the slots.
+	alonePoll = 5 * time.Second
 	// listPeriod: at most one list or watch a second, whatever fails.
 	listPeriod = time.Second
-	// recheck is how often any waiter lists the slots, in case the queue
-	// has no head (its node died before it was granted): rare, so that
-	// waiting stays nearly free.
+	// recheck is how often any waiter lists the slots, in case no holder
+	// looks after them: rare, so that waiting stays nearly free.
 	recheck = 5 * time.Minute
 )
 
@@ -134,8 +132,8 @@ func (w *waiter) queueRound() (*Holding, error) {
 	if h, err := w.lookAndTake(); h != nil || err != nil {
 		return h, err
 	}
-	if !w.head {
-		if w.head, err = w.alone(); err != nil {
+	if !w.alone {
+		if w.alone, err = w.aloneInQueue(); err != nil {
 			return nil, err
 		}
 	}
@@ -174,7 +172,7 @@ func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 	return made, nil
 }
 
-// ticketed makes l a ticket naming id, not head. A grant stays: the slot
+// ticketed makes l a ticket naming id. A grant stays: the slot
 // names us, and the round takes it (queueRound).
 func (g *Gate) ticketed(l *coordinationv1.Lease, id string) {
 	l.Labels = labels.Merge(l.Labels, map[string]string{
@@ -182,7 +180,6 @@ func (g *Gate) ticketed(l *coordinationv1.Lease, id string) {
 		LabelInstance:  g.cfg.Instance,
 		LabelComponent: LabelComponentTicket,
 	})
-	delete(l.Annotations, HeadAnnotation)
 	l.Spec = coordinationv1.LeaseSpec{HolderIdentity: &id}
 }
 
@@ -207,10 +204,9 @@ func (w *waiter) clearGrant() error {
 
 // lookAndTake lists the slots and takes one that may be taken: free, ours
 // from a take whose answer never came, or expired (seen unchanged for its
-// lease duration, which only the head and rare looks see). Writes go out
-// at once, one after the other while races are lost, at most maxTries:
-// a waiter that loses them waits in the queue. The head hands the other
-// slots it finds to the tickets after its own.
+// lease duration, which only a waiter alone and rare looks see). Writes go
+// out at once, one after the other while races are lost, at most
+// maxTries: a waiter that loses them waits in the queue.
 func (w *waiter) lookAndTake() (*Holding, error) {
 	g := w.g
 	w.tryAgain = false
@@ -224,24 +220,19 @@ func (w *waiter) lookAndTake() (*Holding, error) {
 	free, _ := w.free(g.now())
 	mrand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
 	// A lost race moves on to the next free slot; a failed write pauses.
-	for n, i := range free[:min(len(free), maxTries)] {
+	for _, i := range free[:min(len(free), maxTries)] {
 		h, err := w.take(i)
-		if err != nil || w.tryAgain {
-			return nil, err
-		}
-		if h != nil {
-			if w.head {
-				g.handOut(w.ctx, w.leases, free[n+1:], w.ticketName, w.seeded)
-			}
-			return h, nil
+		if err != nil || w.tryAgain || h != nil {
+			return h, err
 		}
 	}
 	return nil, nil
 }
 
-// alone says whether our ticket is the only one: then no hand-over would
-// ever make us head, so we are. Two tickets are enough to tell.
-func (w *waiter) alone() (bool, error) {
+// aloneInQueue says whether our ticket is the only one: then we look at
+// the slots ourselves, as no holder may be left to look after them (K = 1,
+// or every holder's node died). Two tickets are enough to tell.
+func (w *waiter) aloneInQueue() (bool, error) {
 	g := w.g
 	ctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
 	defer cancel()
@@ -304,8 +295,8 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 	}
 }
 
-// nextLook is when to look at the slots next: every headPoll while we
-// head the queue, every recheck otherwise; sooner after a refused or
+// nextLook is when to look at the slots next: every alonePoll while we
+// are alone in the queue, every recheck otherwise; sooner after a refused or
 // failed take (its pause), and once a lease duration after the API failed
 // us (holders may have lost their slots as we could not see).
 func (w *waiter) nextLook() time.Duration {
@@ -333,8 +324,8 @@ func (w *waiter) againAt() time.Time {
 }
 
 func (w *waiter) lookEvery() time.Duration {
-	if w.head {
-		return headPoll
+	if w.alone {
+		return alonePoll
 	}
 	return recheck/2 + mrand.N(recheck)
 }
@@ -395,12 +386,8 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, aga
 				continue
 			}
 			w.ticketRV = l.ResourceVersion
-			wasHead := w.head
 			if h, again, done, err := w.ticketChanged(l); done {
 				return h, again, err
-			}
-			if w.head && !wasHead {
-				timer.Reset(w.nextLook())
 			}
 			if ev.Type == watch.Error {
 				return nil, false, nil // resume from the ticket's version
@@ -409,8 +396,7 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, aga
 	}
 }
 
-// ticketChanged acts on our ticket as read: a grant is taken (done), a
-// head mark makes us look at the slots every headPoll.
+// ticketChanged acts on our ticket as read: a grant is taken (done).
 func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, done bool, err error) {
 	g := w.g
 	if holder(l) != w.ticketID {
@@ -423,10 +409,6 @@ func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, done
 	if s, ok := l.Annotations[GrantedAnnotation]; ok {
 		h, err := w.granted(s)
 		return h, h == nil && err == nil, true, err
-	}
-	if !w.head && l.Annotations[HeadAnnotation] == "true" {
-		w.head = true
-		g.log.Info("this node heads the pull-slot queue: it looks at the slots every few seconds")
 	}
 	return nil, false, false, nil
 }
@@ -459,24 +441,25 @@ func (w *waiter) granted(s string) (*Holding, error) {
 	}
 	// Named by our ticket, the slot is ours to write again at once.
 	w.unsure = append(w.unsure, take{id: w.ticketID, slot: i, sent: g.now()})
-	h, err := w.take(i)
-	// The holder that handed us the slot marked the next ticket head.
-	w.handedHead = h != nil
-	return h, err
+	return w.take(i)
 }
 
-// leave deletes our ticket once the wait is over (within
-// Config.ReleaseGrace if it ended with its context), and passes the head
-// mark on if we had it and took our slot ourselves (a holder that hands
-// over marks the next ticket head as it does). A holder may have handed the ticket a slot while
-// we took another (held): the delete, made on the ticket's version as we
-// last saw it, fails then, and that slot is handed on.
+// leave deletes our ticket once the wait is over: within
+// Config.ReleaseGrace if it ended with its context, within a call's
+// timeout otherwise (a ticket left behind costs a slot a lease duration
+// when it is handed one). A holder may have handed the ticket a slot
+// while we took another (held): the delete, made on the ticket's version
+// as we last saw it, fails then, and that slot is handed on.
 func (w *waiter) leave(held *Holding) {
 	g := w.g
 	if w.ticketName == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), g.cfg.ReleaseGrace)
+	grace := g.cfg.CallTimeout
+	if w.ctx.Err() != nil {
+		grace = g.cfg.ReleaseGrace
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), grace)
 	defer cancel()
 	rv := w.ticketRV
 	err := g.cfg.Client.Delete(ctx, w.ticketName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
@@ -485,18 +468,9 @@ func (w *waiter) leave(held *Holding) {
 		err = g.cfg.Client.Delete(ctx, w.ticketName, metav1.DeleteOptions{})
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
-		g.log.Warn("could not delete this node's pull-slot ticket; a slot handed to it frees itself"+
+		g.log.Warn("could not delete this node's pull-slot ticket; a slot handed to it goes back to the queue"+
 			" after the lease duration, and the ticket goes then", "ticket", w.ticketName, "err", err)
 	}
-	if !w.head || w.handedHead {
-		return
-	}
-	queue, _, err := g.tickets(ctx, "")
-	if err != nil {
-		g.log.Warn("could not pass on the head of the pull-slot queue; the next hand-over does", "err", err)
-		return
-	}
-	g.markHead(ctx, queue)
 }
 
 // returnGrant hands on the slot our ticket was granted, if it is not the

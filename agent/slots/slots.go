@@ -209,6 +209,16 @@ func (g *Gate) disownAll(unsure []take) {
 	}
 }
 
+// slotIndex is the index of the slot named name, -1 if it is none of ours.
+func (g *Gate) slotIndex(name string) int {
+	for i := range g.cfg.Slots {
+		if SlotName(g.cfg.Instance, i) == name {
+			return i
+		}
+	}
+	return -1
+}
+
 func holder(lease *coordinationv1.Lease) string {
 	if lease == nil || lease.Spec.HolderIdentity == nil {
 		return ""

@@ -68,11 +68,8 @@ type waiter struct {
 	ticketName string
 	// ticketRV is our ticket's version as last written or seen.
 	ticketRV string
-	// head: our ticket heads the queue, so we look at the slots.
-	// handedHead: our slot was handed to us, and the head mark with it
-	// passed to the next ticket.
-	head       bool
-	handedHead bool
+	// alone: ours was the only ticket, so we look at the slots.
+	alone bool
 	// tryAgain: a take failed or was refused; look again after its pause.
 	tryAgain bool
 	// recovering: the API failed us at failedAt; look again once slots

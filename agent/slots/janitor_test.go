@@ -1,0 +1,75 @@
+package slots
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// goneTicket writes a ticket, first in the queue, whose node has gone
+// without deleting it (it crashed, or the delete failed).
+func (f *fakeAPI) goneTicket(t *testing.T, g *Gate) string {
+	t.Helper()
+	name := g.cfg.Instance + "-wait-0000000000000000" // oldest: tickets of one age go by name
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}}
+	g.ticketed(l, "gone-node")
+	if _, err := f.leases().Create(context.Background(), l, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ticket: %v", err)
+	}
+	return name
+}
+
+// The waiters of issue 50's queue never see a heartbeat, and none of them
+// looks at the slots while others wait with it. A slot whose holder died,
+// or that a release handed to a ticket whose node has gone, is found by
+// the holders of the first slots and handed to the next ticket.
+func TestIdleSlotsGoToTheQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		idle    func(h *Holding)
+		janitor int // the slot of the holder that stays
+	}{
+		{"a dead holder's slot", crash, 0},
+		{"a slot handed to a ticket whose node has gone", (*Holding).Release, 0},
+		{"a dead holder of the first slot, seen by the second", crash, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const d = 600 * time.Millisecond
+			f := newFakeAPI(t)
+			g := f.gate(t, Config{Slots: 2, Identity: "holder"}, d)
+			held := map[int]*Holding{}
+			for range 2 {
+				h := hold(t, g)
+				held[h.Slot()] = h
+			}
+			gone := f.goneTicket(t, g)
+			// Two waiting: neither is alone, so neither looks at the slots.
+			w := f.gate(t, Config{Slots: 2, Identity: "waiter"}, d)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			got := waiters(ctx, t, w, 2)
+			for f.requests()["watch"] < 2 {
+				time.Sleep(time.Millisecond)
+			}
+			idle := held[1-tc.janitor]
+			tc.idle(idle)
+			select {
+			case h := <-got:
+				defer h.Release()
+				if h.Slot() != idle.Slot() {
+					t.Errorf("a waiter took slot %d, want the idle slot %d", h.Slot(), idle.Slot())
+				}
+			case <-ctx.Done():
+				t.Fatalf("slot %d stayed idle for 30 s while two nodes waited", idle.Slot())
+			}
+			// Handed to the gone ticket first (it is oldest), then on.
+			if _, err := f.leases().Get(ctx, gone, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the gone node's ticket %s is still there (err %v); want it deleted once its slot expired", gone, err)
+			}
+		})
+	}
+}
