@@ -66,27 +66,49 @@ func (g *Gate) handOut(ctx context.Context, leases []*coordinationv1.Lease, free
 				"slot", prev.Name, "ticket", stale)
 			g.deleteTicket(ctx, stale)
 		}
-		// A ticket may go between our list and our write (its node took
-		// another slot): the slot then goes to the next, or is cleared.
-		for len(queue) > 0 {
-			t := &queue[0]
-			queue = queue[1:]
-			written, err := g.writeSlot(ctx, prev, i, holder(t))
-			if err != nil {
-				break
-			}
-			if g.markGranted(ctx, t, i, seeded) {
-				break
-			}
-			prev = written
-			if len(queue) == 0 {
-				if err := g.disown(ctx, written, holder(t)); err != nil {
-					g.log.Warn("could not clear a pull slot handed to a ticket that went; it frees itself after the lease duration",
-						"slot", written.Name, "err", err)
-				}
-			}
+		queue = g.grant(ctx, prev, i, queue, skip, seeded)
+	}
+}
+
+// grant hands slot i, read as prev, to the oldest ticket of queue that can
+// still be claimed, and returns the queue left. A ticket another holder
+// claimed since we listed, or that went (its node took another slot),
+// makes us list the queue again: a list read a while ago would send us
+// down tickets granted meanwhile, each costing writes. After maxClaims
+// failed claims the slot is cleared, and the holders that look after the
+// slots hand it out.
+func (g *Gate) grant(ctx context.Context, prev *coordinationv1.Lease, i int, queue []coordinationv1.Lease, skip string,
+	seeded bool) []coordinationv1.Lease {
+	tried := map[string]bool{}
+	for range maxClaims {
+		if len(queue) == 0 {
+			break
+		}
+		t := &queue[0]
+		queue = queue[1:]
+		// The slot first: a node that sees its grant finds the slot
+		// naming it.
+		written, err := g.writeSlot(ctx, prev, i, holder(t))
+		if err != nil {
+			return queue // someone else wrote the slot, or the API fails us
+		}
+		prev = written
+		if g.markGranted(ctx, t, i, seeded) {
+			return queue
+		}
+		tried[t.Name] = true
+		if queue, _, err = g.tickets(ctx, skip); err != nil {
+			break
+		}
+		queue = slices.DeleteFunc(queue, func(l coordinationv1.Lease) bool { return tried[l.Name] })
+	}
+	if written := prev; len(tried) > 0 {
+		if err := g.disown(ctx, written, holder(written)); err != nil {
+			g.log.Warn("could not clear a pull slot no ticket could be handed; it frees itself after the lease duration",
+				"slot", written.Name, "err", err)
 		}
 	}
+	return queue
 }
 
 // writeSlot writes id as the holder of slot i, read as prev (nil: not
@@ -105,7 +127,7 @@ func (g *Gate) writeSlot(ctx context.Context, prev *coordinationv1.Lease, i int,
 }
 
 // markGranted tells ticket t's node that slot i names it, and whether a
-// seed has finished. It reports whether the ticket was still there.
+// seed has finished. It reports whether the ticket was still as listed.
 func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, seeded bool) bool {
 	marks := map[string]string{GrantedAnnotation: strconv.Itoa(i)}
 	if seeded {
@@ -114,27 +136,18 @@ func (g *Gate) markGranted(ctx context.Context, t *coordinationv1.Lease, i int, 
 	return g.annotate(ctx, t, marks)
 }
 
-// annotate sets marks on ticket t if it still names the same holder.
-// Failing costs time, not safety: a grant the node never hears of
-// expires, and the slot is handed on.
-// It reports whether the ticket is there, names that holder and is not
-// granted yet.
+// annotate sets marks on ticket t as listed: one write, refused if the
+// ticket changed since (another holder claimed it, or it went). Failing
+// costs time, not safety: a grant the node never hears of expires, and
+// the slot is handed on.
 func (g *Gate) annotate(ctx context.Context, t *coordinationv1.Lease, marks map[string]string) bool {
-	id := holder(t)
-	same := true
-	_, err := g.rewrite(ctx, t.DeepCopy(), func(l *coordinationv1.Lease) (bool, error) {
-		// Granted already, by a holder that read the queue when we did.
-		if _, granted := l.Annotations[GrantedAnnotation]; holder(l) != id || granted {
-			same = false
-			return false, nil
-		}
-		l.Annotations = labels.Merge(l.Annotations, marks)
-		return true, nil
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
+	next := t.DeepCopy()
+	next.Annotations = labels.Merge(next.Annotations, marks)
+	_, err := g.update(ctx, next)
+	if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		g.log.Warn("could not mark a pull-slot ticket", "ticket", t.Name, "marks", marks, "err", err)
 	}
-	return err == nil && same
+	return err == nil
 }
 
 // release clears our slot (seeded: recording that the seed finished) and

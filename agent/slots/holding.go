@@ -85,10 +85,20 @@ func (h *Holding) Lost() <-chan struct{} { return h.lost }
 func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 	defer close(h.done)
 	g := h.g
-	h.disownUnsure(ctx)
 	if h.janitor != nil {
-		h.lookAfter(ctx)
+		// Beside the renewals, so that handing slots out never delays one.
+		jctx, stop := context.WithCancel(ctx)
+		looked := make(chan struct{})
+		go func() {
+			defer close(looked)
+			h.lookAfterSlots(jctx)
+		}()
+		defer func() {
+			stop()
+			<-looked
+		}()
 	}
+	h.disownUnsure(ctx)
 	for {
 		if !sleep(ctx, lastGood.Add(g.renewInterval()).Sub(g.now())) {
 			return
@@ -119,9 +129,6 @@ func (h *Holding) renewLoop(ctx context.Context, lastGood time.Time) {
 		h.lease = updated
 		lastGood = start
 		h.disownUnsure(ctx)
-		if h.janitor != nil {
-			h.lookAfter(ctx)
-		}
 	}
 }
 

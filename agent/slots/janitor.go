@@ -13,8 +13,8 @@ import (
 // or a slot handed to a ticket whose node has gone, would stay idle. The
 // holders of the first janitors slots tell instead. They are alive (they
 // renew every few seconds), and they stay long enough to judge: a pull of
-// a real set takes longer than a lease duration. At each renewal they
-// list the slots, and hand to the queue (handOut) a slot seen unchanged
+// a real set takes longer than a lease duration. Every renewal interval
+// they list the slots, and hand to the queue (handOut) a slot seen unchanged
 // for its lease duration on their own clock, or free and unchanged since
 // their last look (no hand-over reached the queue). Two, so that one whose
 // node died is seen by the other. A waiter alone in the queue looks at
@@ -30,6 +30,17 @@ type janitor struct {
 	leases []*coordinationv1.Lease
 	// since is when each version was first seen, on our clock.
 	since []time.Time
+}
+
+// lookAfterSlots looks at the slots every renewal interval until ctx
+// ends (the slot is released or lost).
+func (h *Holding) lookAfterSlots(ctx context.Context) {
+	for {
+		h.lookAfter(ctx)
+		if !sleep(ctx, h.g.renewInterval()) {
+			return
+		}
+	}
 }
 
 // lookAfter lists the slots and hands the idle ones to the queue. Errors

@@ -53,6 +53,9 @@ const (
 	// maxTries is how many free slots one look writes at most, one after
 	// the other while each race is lost.
 	maxTries = 3
+	// maxClaims is how many tickets one hand-over of a slot tries at
+	// most, each claimed by another holder, or gone, before it.
+	maxClaims = 5
 	// alonePoll is how often a waiter alone in the queue lists the slots.
 	alonePoll = 5 * time.Second
 	// listPeriod: at most one list or watch a second, whatever fails.

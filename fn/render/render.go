@@ -176,7 +176,9 @@ func Render(c Config) ([]*yaml.RNode, error) {
 	}
 	if c.NodeLabel {
 		nodeRules[0].Verbs = []string{"get", "patch"}
-		// The mark the admission policy matches; see MarkerResource.
+	}
+	if c.NodeLabel || c.MaxConcurrentNodes > 0 {
+		// The mark the admission policies match; see MarkerResource.
 		nodeRules = append(nodeRules, rbacv1.PolicyRule{APIGroups: []string{v1alpha1.Group}, Resources: []string{MarkerResource}, ResourceNames: []string{c.instance().Marker()}, Verbs: []string{MarkerVerb}})
 	}
 	objs = append(objs,
@@ -239,7 +241,7 @@ func Render(c Config) ([]*yaml.RNode, error) {
 			},
 		})
 	}
-	if c.NodeLabel && c.AdmissionPolicy && c.MaxConcurrentNodes > 0 {
+	if c.AdmissionPolicy && c.MaxConcurrentNodes > 0 {
 		name := n.Cluster + ".leases"
 		objs = append(objs, c.leasePolicy(meta(name, false)), &admissionv1.ValidatingAdmissionPolicyBinding{
 			TypeMeta:   typ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
@@ -574,6 +576,7 @@ func (c Config) leasePolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmis
 		slots[i] = "'" + v1alpha1.LeaseName(c.Name, i) + "'"
 	}
 	ticket := c.Name + "-wait-"
+	forbidden := metav1.StatusReasonForbidden
 	return &admissionv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
 		ObjectMeta: meta,
@@ -600,6 +603,9 @@ func (c Config) leasePolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmis
 					strings.Join(slots, ", "), ticket, len(ticket)+16, len(ticket)),
 				Message: fmt.Sprintf("the image prefetcher may only write the Leases %s-slot-0 to %s-slot-%d and its queue's tickets %s<16 hex digits>",
 					c.Name, c.Name, c.MaxConcurrentNodes-1, ticket),
+				// Forbidden, as RBAC would say: the agent skips a slot it
+				// may not write (K was lowered) and takes another.
+				Reason: &forbidden,
 			}},
 		},
 	}

@@ -315,6 +315,9 @@ func ValidateSources(ip *v1alpha1.ImagePrefetcher, src Sources) (Config, framewo
 		// and whoever renders should see that.
 		p = append(p, warnf("spec.admissionPolicy", "is false: the agent's patch on nodes is then scoped by RBAC alone, so its ServiceAccount may change any label, annotation or field of every Node; keep the policy unless your cluster cannot install ValidatingAdmissionPolicies, or set spec.nodeLabel.enabled: false if you do not need the node label"))
 	}
+	if c.MaxConcurrentNodes > 0 && !c.AdmissionPolicy {
+		p = append(p, warnf("spec.admissionPolicy", "is false: with spec.pull.maxConcurrentNodes the agent's writes of Leases are then scoped by RBAC alone, so its ServiceAccount may write any Lease of namespace %s; keep the policy, or give the instance a namespace of its own", c.Namespace))
+	}
 	p = append(p, c.validateStartupTaint(s)...)
 	p = append(p, c.validatePin(s)...)
 	if p.ExitCode() == 0 {

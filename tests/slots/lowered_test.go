@@ -5,16 +5,15 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 )
 
-// testLoweredK: maxConcurrentNodes went from 3 to 2. The Role (the agent's
-// exact RBAC, re-rendered at once) names slots 0 and 1 only, while an old
-// pod still counts 3. Its read of slot 2 is Forbidden by the real RBAC; it
-// skips that slot and takes slot 1 once it is free, instead of ending its
-// wait with an error.
+// testLoweredK: maxConcurrentNodes went from 3 to 2. The Lease policy (as
+// rendered, applied at once) allows slots 0 and 1 only, while an old pod
+// still counts 3. Its write of slot 2 is Forbidden by the real admission
+// policy; it skips that slot and takes slot 1 once it is free, instead of
+// ending its wait with an error.
 func (e *testEnv) testLoweredK(t *testing.T) {
 	const instance = "lowered"
 	token := e.agentToken(t, instance, 2)
@@ -57,9 +56,9 @@ func (e *testEnv) testLoweredK(t *testing.T) {
 }
 
 // testRaisedK: maxConcurrentNodes went from 1 to 2, and a new pod waits
-// before the re-rendered Role arrives: slot 1 is Forbidden by the real
-// RBAC while slot 0 is busy. Once the Role names slot 1, the waiting pod
-// takes it within seconds. Before issue 50, one refusal skipped the slot
+// before the instance rendered again arrives: slot 1 is Forbidden by the
+// real Lease policy while slot 0 is busy. Once the policy allows slot 1,
+// the waiting pod takes it within seconds. Before issue 50, one refusal skipped the slot
 // for the rest of the wait, and the pod waited for slot 0 instead.
 func (e *testEnv) testRaisedK(t *testing.T) {
 	const instance = "raised"
@@ -87,43 +86,21 @@ func (e *testEnv) testRaisedK(t *testing.T) {
 		t.Fatalf("the new pod's wait ended while slot 1 was Forbidden and slot 0 busy: %v", r.err)
 	case <-time.After(3 * time.Second): // slot 1 refused several times
 	}
-	e.nameSlots(t, instance, 2) // the re-rendered Role arrives
+	e.render(t, instance, 2) // the instance rendered again arrives
 	granted := time.Now()
 	var r result
 	select {
 	case r = <-got:
 	case <-time.After(15 * time.Second):
-		t.Fatal("the new pod did not take slot 1 within 15 s of the Role naming it")
+		t.Fatal("the new pod did not take slot 1 within 15 s of the policy allowing it")
 	}
 	if r.err != nil {
 		t.Fatalf("Hold: %v", r.err)
 	}
 	defer r.h.Release()
 	if want := slots.SlotName(instance, 1); r.h.Name() != want {
-		t.Errorf("took %s, want %s, the slot the new Role names", r.h.Name(), want)
+		t.Errorf("took %s, want %s, the slot the new policy allows", r.h.Name(), want)
 	}
-	t.Logf("slot 1 taken %s after the Role named it", time.Since(granted).Round(time.Millisecond))
+	t.Logf("slot 1 taken %s after the policy allowed it", time.Since(granted).Round(time.Millisecond))
 }
 
-// nameSlots updates the instance's Role (from agentToken) to name k slots.
-func (e *testEnv) nameSlots(t *testing.T, instance string, k int) {
-	t.Helper()
-	ctx := context.Background()
-	roles := e.admin.RbacV1().Roles(e.ns)
-	role, err := roles.Get(ctx, "agent-"+instance, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get Role: %v", err)
-	}
-	var names []string
-	for i := range k {
-		names = append(names, slots.SlotName(instance, i))
-	}
-	for i := range role.Rules {
-		if len(role.Rules[i].ResourceNames) > 0 {
-			role.Rules[i].ResourceNames = names
-		}
-	}
-	if _, err := roles.Update(ctx, role, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("update Role: %v", err)
-	}
-}

@@ -21,13 +21,14 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
+	"github.com/image-prefetcher/image-prefetcher/fn/api/v1alpha1"
+	"github.com/image-prefetcher/image-prefetcher/fn/render"
 	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
@@ -121,54 +122,90 @@ type testEnv struct {
 	ns    string
 }
 
-// agentToken grants exactly the agent's RBAC for an instance with k slots
-// (create, list and watch Leases; get, update, delete on the slot names)
-// to a new ServiceAccount and returns a token for it.
+// agentToken applies what the function renders for an instance with k
+// slots (its ServiceAccount, RBAC and admission policies; not the
+// DaemonSet: nothing runs it here) and returns a token of its
+// ServiceAccount. The Role lets the agent write any Lease of the
+// namespace; the Lease policy keeps it to the k slots and its tickets.
 func (e *testEnv) agentToken(t *testing.T, instance string, k int) string {
 	t.Helper()
-	return e.agentTokenWith(t, instance, k, "create", "list", "watch")
+	e.render(t, instance, k)
+	return e.token(t, instance)
 }
 
-// agentTokenWith is agentToken with the given unnamed Lease verbs: an
-// older rendering granted only create.
-func (e *testEnv) agentTokenWith(t *testing.T, instance string, k int, verbs ...string) string {
+// render applies the instance as rendered for k slots, again if it was
+// applied before (maxConcurrentNodes changed).
+func (e *testEnv) render(t *testing.T, instance string, k int) {
 	t.Helper()
+	ip := &v1alpha1.ImagePrefetcher{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind}
+	ip.Metadata.Name, ip.Metadata.Namespace = instance, e.ns
+	ip.Spec.Images = []string{"registry.example.com/app:v1"}
+	maxNodes := int32(k)
+	ip.Spec.Pull.MaxConcurrentNodes = &maxNodes
+	rc, probs := render.Validate(ip, func(string, string) (map[string]string, bool) { return nil, false })
+	if probs.ExitCode() != 0 {
+		t.Fatalf("render %s: %+v", instance, probs)
+	}
+	objs, err := render.Render(rc)
+	if err != nil {
+		t.Fatalf("render %s: %v", instance, err)
+	}
+	var docs []string
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			continue
+		}
+		s, err := o.String()
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, s)
+	}
 	ctx := context.Background()
-	name := "agent-" + instance
-	var names []string
-	for i := range k {
-		names = append(names, slots.SlotName(instance, i))
+	if _, err := e.c.Apply(ctx, []byte(strings.Join(docs, "---\n")), cluster.ApplyOptions{FieldManager: "image-prefetcher-fn"}); err != nil {
+		t.Fatalf("apply %s: %v", instance, err)
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: verbs},
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update", "delete"}, ResourceNames: names},
-			// The queue's tickets (agent/slots/queue.go), named at run time.
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update", "delete"}},
-		},
+	// The apiserver loads a policy a moment after it is written: wait
+	// until it refuses a Lease that is no slot and allows the last slot.
+	leases := e.agentClient(t, e.token(t, instance)).CoordinationV1().Leases(e.ns)
+	dryRun := func(name string) error {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		_, err := leases.Create(ctx, l, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
 	}
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: e.ns}},
+	if err := cluster.Poll(ctx, 100*time.Millisecond, "the Lease policy of "+instance, func() (bool, string) {
+		other, last := dryRun(instance+"-not-a-slot"), dryRun(slots.SlotName(instance, k-1))
+		return apierrors.IsForbidden(other) && !apierrors.IsForbidden(last),
+			fmt.Sprintf("dry-run creates: a Lease that is no slot: %v; slot %d: %v", other, k-1, last)
+	}); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := e.admin.CoreV1().ServiceAccounts(e.ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create ServiceAccount: %v", err)
-	}
-	if _, err := e.admin.RbacV1().Roles(e.ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create Role: %v", err)
-	}
-	if _, err := e.admin.RbacV1().RoleBindings(e.ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create RoleBinding: %v", err)
-	}
-	tr, err := e.admin.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx, name,
+}
+
+// token returns a token of the instance's ServiceAccount.
+func (e *testEnv) token(t *testing.T, instance string) string {
+	t.Helper()
+	sa := render.NamesFor(e.ns, instance).Namespaced
+	tr, err := e.admin.CoreV1().ServiceAccounts(e.ns).CreateToken(context.Background(), sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create token: %v", err)
 	}
 	return tr.Status.Token
+}
+
+// agentClient is a clientset acting with token.
+func (e *testEnv) agentClient(t *testing.T, token string) *kubernetes.Clientset {
+	t.Helper()
+	rc, err := e.c.RESTConfigForToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
 }
 
 // gate returns a Gate with its own client (own connection) and the

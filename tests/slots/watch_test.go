@@ -2,15 +2,21 @@ package slots_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
+	"github.com/image-prefetcher/image-prefetcher/fn/render"
+	"github.com/image-prefetcher/image-prefetcher/tests/cluster"
 )
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -18,8 +24,8 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // Against the real apiserver (its RBAC, its watch cache), waiting nodes
-// send nothing while the only slot stays busy (the head of the queue
-// looks every 5 s, after this window), and one of them takes it as soon
+// send nothing while the only slot stays busy (a waiter alone in the
+// queue looks every 5 s, after this window), and one of them takes it as soon
 // as it is released.
 func (e *testEnv) testQuietWaiters(t *testing.T) {
 	const n, instance = 8, "quiet"
@@ -69,12 +75,44 @@ func (e *testEnv) testQuietWaiters(t *testing.T) {
 // for a moment too).
 func (e *testEnv) testOldRole(t *testing.T) {
 	const instance = "oldrole"
-	token := e.agentTokenWith(t, instance, 1, "create")
+	token := e.agentToken(t, instance, 1)
+	e.oldRole(t, instance, 1)
 	g := e.gate(t, token, instance, slots.Config{Slots: 1, Identity: "pod", LeaseDuration: time.Hour, RefusedFor: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := g.Hold(ctx)
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "render the instance again") {
 		t.Fatalf("Hold under the old Role: %v, want the refusal and what to do", err)
+	}
+}
+
+// oldRole gives the instance's Role the Lease rules rendered before
+// waiting by watch: create, and reads and writes of the k slots by name.
+func (e *testEnv) oldRole(t *testing.T, instance string, k int) {
+	t.Helper()
+	ctx := context.Background()
+	roles := e.admin.RbacV1().Roles(e.ns)
+	role, err := roles.Get(ctx, render.NamesFor(e.ns, instance).Namespaced, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get Role: %v", err)
+	}
+	var names []string
+	for i := range k {
+		names = append(names, slots.SlotName(instance, i))
+	}
+	role.Rules = slices.DeleteFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "leases") })
+	role.Rules = append(role.Rules,
+		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
+			Verbs: []string{"get", "update", "delete"}, ResourceNames: names})
+	if _, err := roles.Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update Role: %v", err)
+	}
+	leases := e.agentClient(t, e.token(t, instance)).CoordinationV1().Leases(e.ns)
+	if err := cluster.Poll(ctx, 100*time.Millisecond, "the old Role of "+instance, func() (bool, string) {
+		_, err := leases.List(ctx, metav1.ListOptions{})
+		return apierrors.IsForbidden(err), fmt.Sprintf("a list of Leases: %v", err)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
