@@ -40,8 +40,8 @@ import (
 // (the second tells whether it is alone: then it looks at the slots
 // itself every few seconds), and keeps one watch of its own ticket; its
 // watch shows a grant, nothing else. Every waiter also looks at the slots
-// now and then (recheck), in case no holder looks after them (their nodes
-// died). The slot Leases stay the only record of who holds:
+// when its watch ends, every 5-10 min, in case no holder looks after them
+// (their nodes died). The slot Leases stay the only record of who holds:
 // every write of a slot carries the version it was read at, so the queue
 // can delay a hand-over but never make a K+1st holder.
 const (
@@ -60,9 +60,6 @@ const (
 	alonePoll = 5 * time.Second
 	// listPeriod: at most one list or watch a second, whatever fails.
 	listPeriod = time.Second
-	// recheck is how often any waiter lists the slots, in case no holder
-	// looks after them: rare, so that waiting stays nearly free.
-	recheck = 5 * time.Minute
 )
 
 // ticketName is the ticket of a wait whose holder is id: one per wait,
@@ -275,43 +272,67 @@ func (w *waiter) listSlots() error {
 }
 
 // followTicket watches our ticket alone until it is granted a slot (held
-// once our own write of that slot succeeds) or must be written again, and
-// looks at the slots now and then (nextLook). An ended watch is resumed
-// from the last version seen, no sooner than a second after it started.
+// once our own write of that slot succeeds) or must be written again. An
+// ended watch is resumed from the last version seen, no sooner than a
+// second after it started. One that ran its course (5-10 min) is resumed
+// once we have looked at the slots, in case no holder looks after them:
+// rarely, so that waiting stays nearly free, and not when the apiserver
+// ends every watch at once (a restart), lest every waiter list at once.
 func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 	g := w.g
 	rv := t.ResourceVersion
 	for {
-		stream, err := w.watchTicket(t.Name, rv)
+		// Before the call: the apiserver's timeout starts after it.
+		started := g.now()
+		stream, timeout, err := w.watchTicket(t.Name, rv)
 		if err != nil {
 			return nil, err
 		}
-		started := g.now()
 		h, again, err := w.readTicket(stream, &rv)
 		stream.Stop()
 		if h != nil || err != nil || again {
 			return h, err
 		}
-		if g.now().Sub(started) < listPeriod && !sleep(w.ctx, listPeriod) {
+		lasted := g.now().Sub(started)
+		if lasted < listPeriod && !sleep(w.ctx, listPeriod) {
 			return nil, w.ended()
+		}
+		if lasted < timeout {
+			continue
+		}
+		if h, err := w.lookAndTake(); h != nil || err != nil {
+			return h, err
 		}
 	}
 }
 
-// nextLook is when to look at the slots next: every alonePoll while we
-// are alone in the queue, every recheck otherwise; sooner after a refused or
-// failed take (its pause), and once a lease duration after the API failed
-// us (holders may have lost their slots as we could not see).
-func (w *waiter) nextLook() time.Duration {
+// lookTimer fires when to look at the slots before the watch ends: every
+// alonePoll while we are alone in the queue, after a refused or failed
+// take (its pause), and once a lease duration after the API failed us
+// (holders may have lost their slots as we could not see). nil: not
+// before the watch ends.
+func (w *waiter) lookTimer() *time.Timer {
 	g := w.g
-	d := w.lookEvery()
-	if again := w.againAt().Sub(g.now()); w.tryAgain && again < d {
-		d = again
+	var d time.Duration
+	set := false
+	sooner := func(x time.Duration) {
+		if !set || x < d {
+			d, set = x, true
+		}
 	}
-	if soon := g.cfg.LeaseDuration + time.Second; w.recovering && soon < d {
-		d = soon
+	if w.alone {
+		sooner(alonePoll)
 	}
-	return max(d, 0)
+	if w.tryAgain {
+		sooner(w.againAt().Sub(g.now()))
+	}
+	if w.recovering {
+		sooner(g.cfg.LeaseDuration + time.Second)
+	}
+	if !set {
+		return nil
+	}
+	return time.NewTimer(max(d, 0))
 }
 
 // againAt is when a refused or failed take may be tried again: the end of
@@ -326,42 +347,42 @@ func (w *waiter) againAt() time.Time {
 	return at
 }
 
-func (w *waiter) lookEvery() time.Duration {
-	if w.alone {
-		return alonePoll
-	}
-	return recheck/2 + mrand.N(recheck)
-}
-
-func (w *waiter) watchTicket(name, rv string) (watch.Interface, error) {
+// watchTicket watches our ticket, asking the apiserver to end the watch
+// after the timeout it returns.
+func (w *waiter) watchTicket(name, rv string) (watch.Interface, time.Duration, error) {
 	secs := int64((resync + mrand.N(resync+1)) / time.Second)
-	return w.g.cfg.Client.Watch(w.ctx, metav1.ListOptions{
+	stream, err := w.g.cfg.Client.Watch(w.ctx, metav1.ListOptions{
 		FieldSelector:       fields.OneTermEqualSelector("metadata.name", name).String(),
 		ResourceVersion:     rv,
 		TimeoutSeconds:      &secs,
 		AllowWatchBookmarks: true,
 	})
+	return stream, time.Duration(secs) * time.Second, err
 }
 
 // readTicket reads the ticket's watch, and looks at the slots when
-// nextLook says, until the ticket is granted, must be written again
+// lookTimer says, until the ticket is granted, must be written again
 // (again: deleted), or the watch ends. Bookmarks keep the version to
 // resume from recent, so that a watch of a ticket that never changes can
 // be resumed; one that is too old all the same (410 Gone) is resumed from
 // the ticket read afresh.
 func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, again bool, err error) {
 	g := w.g
-	timer := time.NewTimer(w.nextLook())
-	defer timer.Stop()
+	timer := w.lookTimer()
+	defer func() { stopTimer(timer) }()
 	for {
+		var look <-chan time.Time
+		if timer != nil {
+			look = timer.C
+		}
 		select {
 		case <-w.ctx.Done():
 			return nil, false, w.ended()
-		case <-timer.C:
+		case <-look:
 			if h, err := w.lookAndTake(); h != nil || err != nil {
 				return h, false, err
 			}
-			timer.Reset(w.nextLook())
+			timer = w.lookTimer()
 		case ev, ok := <-stream.ResultChan():
 			if !ok {
 				return nil, false, nil
@@ -512,6 +533,12 @@ func (g *Gate) deleteTicket(ctx context.Context, name string) {
 	if err != nil && !apierrors.IsNotFound(err) {
 		g.log.Warn("could not delete this node's pull-slot ticket; a slot handed to it frees itself"+
 			" after the lease duration, and the ticket goes then", "ticket", name, "err", err)
+	}
+}
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
 	}
 }
 

@@ -103,15 +103,19 @@ func TestWaitersSendNothingWhileNothingChanges(t *testing.T) {
 
 // A waiter's watch of its ticket that the apiserver ends is resumed from
 // the last version seen, with no list: after a while at once, and one that
-// ended at once with nothing in it no sooner than a second later.
+// ended at once with nothing in it no sooner than a second later. One that
+// ran its course (the timeout it asked for) is resumed after a look at the
+// slots, the rare look that finds slots no holder looks after.
 func TestEndedWatch(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		lasted time.Duration
 		pause  time.Duration
+		look   bool
 	}{
-		{"after a while: resumed at once", 2 * time.Second, 0},
-		{"at once with nothing in it: resumed a second later", 0, 990 * time.Millisecond},
+		{"after a while: resumed at once", 2 * time.Second, 0, false},
+		{"at once with nothing in it: resumed a second later", 0, 990 * time.Millisecond, false},
+		{"its whole timeout: resumed after a look", 2*resync + time.Second, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeAPI(t)
@@ -139,9 +143,9 @@ func TestEndedWatch(t *testing.T) {
 					}
 				}
 			}
-			if f.listCount() > lists || watched[0] != rv {
-				t.Errorf("after the watch ended: listed again %v, watched from version %q; want a watch from %q, no list",
-					f.listCount() > lists, watched[0], rv)
+			if listed := f.listCount() > lists; listed != tc.look || watched[0] != rv {
+				t.Errorf("after the watch ended: listed the slots %v, watched from version %q; want a watch from %q, listed %v",
+					listed, watched[0], rv, tc.look)
 			}
 			if gap := time.Since(ended); gap < tc.pause {
 				t.Errorf("resumed %v after the watch ended, want no sooner than %v", gap, tc.pause)
