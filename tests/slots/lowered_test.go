@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/image-prefetcher/image-prefetcher/agent/slots"
 )
 
@@ -103,4 +102,3 @@ func (e *testEnv) testRaisedK(t *testing.T) {
 	}
 	t.Logf("slot 1 taken %s after the policy allowed it", time.Since(granted).Round(time.Millisecond))
 }
-
