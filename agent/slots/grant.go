@@ -97,7 +97,8 @@ func (g *Gate) grant(ctx context.Context, prev *coordinationv1.Lease, i int, que
 			return queue
 		}
 		tried[t.Name] = true
-		if queue, _, err = g.tickets(ctx, skip); err != nil {
+		queue, _, err = g.tickets(ctx, skip)
+		if err != nil {
 			break
 		}
 		queue = slices.DeleteFunc(queue, func(l coordinationv1.Lease) bool { return tried[l.Name] })
@@ -113,7 +114,8 @@ func (g *Gate) grant(ctx context.Context, prev *coordinationv1.Lease, i int, que
 
 // writeSlot writes id as the holder of slot i, read as prev (nil: not
 // made yet); a slot written since it was read is someone else's now.
-func (g *Gate) writeSlot(ctx context.Context, prev *coordinationv1.Lease, i int, id string) (*coordinationv1.Lease, error) {
+func (g *Gate) writeSlot(ctx context.Context, prev *coordinationv1.Lease, i int,
+	id string) (*coordinationv1.Lease, error) {
 	next := g.taken(prev, i, id, g.now())
 	write := g.update
 	if prev == nil {
@@ -168,7 +170,8 @@ func (h *Holding) release(ctx context.Context, seeded bool) error {
 	if seeded {
 		leases, free, err = g.vacant(ctx)
 		if err != nil {
-			g.log.Warn("could not read the pull slots to open them after seeding; the holders that look after the slots do", "err", err)
+			g.log.Warn("could not read the pull slots to open them after seeding;"+
+				" the holders that look after the slots do", "err", err)
 			return nil
 		}
 	}

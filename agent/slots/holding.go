@@ -215,6 +215,10 @@ func (h *Holding) clear(ctx context.Context, seeded bool) (*coordinationv1.Lease
 // if it names id: a take of ours whose outcome we did not know, which no
 // one renews.
 func (g *Gate) disown(ctx context.Context, cur *coordinationv1.Lease, id string) error {
+	// rewrite retries until its context ends: a call's time, so that a
+	// renewal waiting on this one is not held up.
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	defer cancel()
 	_, err := g.rewrite(ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
 		if holder(l) != id {
 			return false, nil

@@ -44,7 +44,7 @@ func (h *Holding) lookAfterSlots(ctx context.Context) {
 }
 
 // lookAfter lists the slots and hands the idle ones to the queue. Errors
-// are logged: the next renewal looks again.
+// are logged: the next look tries again.
 func (h *Holding) lookAfter(ctx context.Context) {
 	g := h.g
 	j := h.janitor
@@ -66,14 +66,16 @@ func (h *Holding) lookAfter(ctx context.Context) {
 		if i < 0 {
 			continue
 		}
-		leases[i], since[i] = l, now
+		leases[i] = l
+		since[i] = now
 		if j.leases != nil && j.leases[i] != nil && j.leases[i].ResourceVersion == l.ResourceVersion {
 			since[i] = j.since[i]
 		}
 		seeded = seeded || l.Annotations[SeededAnnotation] == g.cfg.SeedKey
 	}
 	first := j.leases == nil
-	j.leases, j.since = leases, since
+	j.leases = leases
+	j.since = since
 	if first {
 		return // nothing judged yet: every version was seen just now
 	}
@@ -86,8 +88,12 @@ func (h *Holding) lookAfter(ctx context.Context) {
 		if i == h.slot || l == nil || since[i].Equal(now) {
 			continue // ours, not made yet, or changed since the last look
 		}
-		if holder(l) == "" || now.Sub(since[i]) >= g.duration(l) {
-			g.log.Info("handing an idle pull slot to the queue", "slot", l.Name, "previousHolder", holder(l),
+		switch {
+		case holder(l) == "":
+			// Quietly: at the end of a rollout, slots stay free with no one waiting.
+			idle = append(idle, i)
+		case now.Sub(since[i]) >= g.duration(l):
+			g.log.Info("handing an expired pull slot to the queue", "slot", l.Name, "previousHolder", holder(l),
 				"unchangedFor", now.Sub(since[i]).Round(time.Millisecond).String())
 			idle = append(idle, i)
 		}

@@ -2,6 +2,7 @@ package slots
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,5 +72,49 @@ func TestIdleSlotsGoToTheQueue(t *testing.T) {
 				t.Errorf("the gone node's ticket %s is still there (err %v); want it deleted once its slot expired", gone, err)
 			}
 		})
+	}
+}
+
+// An apiserver outage longer than the lease costs every holder its slot,
+// and leaves no holder to look after the slots: the waiting nodes look
+// again until a look a lease duration after the API answered them has
+// judged the slots expired, and take them.
+func TestOutageLeavesNoSlotIdle(t *testing.T) {
+	const d = 600 * time.Millisecond
+	f := newFakeAPI(t)
+	g := f.gate(t, Config{Slots: 1, Identity: "holder"}, d)
+	a := hold(t, g)
+	f.goneTicket(t, g) // so that neither waiter is alone, and looks on its own
+	w := f.gate(t, Config{Slots: 1, Identity: "waiter"}, d)
+	w.retry = minRetry // the agent's own pauses: the API answers again a while after the last failure
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := waiters(ctx, t, w, 2)
+	for f.requests()["watch"] < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	// A renewal the waiters have not seen: they judge the slot from the
+	// version they see after the outage.
+	seen := f.lease(t, a.Name()).ResourceVersion
+	for f.lease(t, a.Name()).ResourceVersion == seen {
+		time.Sleep(time.Millisecond)
+	}
+	// The outage: every call fails, and the holder's node dies with it.
+	var failed atomic.Int64
+	f.setHook(func(string, string, *coordinationv1.Lease) error {
+		failed.Add(1)
+		return apierrors.NewServiceUnavailable("the apiserver is down")
+	})
+	crash(a)
+	f.endWatches()
+	for failed.Load() < 4 { // both waiters failed, and failed again
+		time.Sleep(time.Millisecond)
+	}
+	f.setHook(nil)
+	select {
+	case h := <-got:
+		h.Release()
+	case <-ctx.Done():
+		t.Fatal("the dead holder's slot stayed idle for 30 s after the outage while two nodes waited")
 	}
 }

@@ -102,7 +102,8 @@ func (w *waiter) queue() (*Holding, error) {
 			}
 		}
 		pause = w.backOff()
-		w.recovering, w.failedAt = true, g.now()
+		w.recovering = true
+		w.answeredAt = time.Time{}
 		g.log.Warn("waiting in the pull-slot queue failed; will retry",
 			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
 	}
@@ -161,7 +162,11 @@ func (w *waiter) writeTicket() (*coordinationv1.Lease, error) {
 		return nil, fmt.Errorf("create ticket Lease %s/%s: %w", g.cfg.Namespace, name, err)
 	}
 	cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	made, err = g.rewrite(w.ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
+	// rewrite retries until its context ends: one call's time, so that a
+	// refusal (an old Role) reaches the round, which gives up on it.
+	ctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
+	defer cancel()
+	made, err = g.rewrite(ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
 		g.ticketed(l, w.ticketID)
 		return true, nil
 	})
@@ -188,7 +193,9 @@ func (g *Gate) ticketed(l *coordinationv1.Lease, id string) {
 func (w *waiter) clearGrant() error {
 	g := w.g
 	cur := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: w.ticketName}}
-	made, err := g.rewrite(w.ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
+	ctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
+	defer cancel()
+	made, err := g.rewrite(ctx, cur, func(l *coordinationv1.Lease) (bool, error) {
 		if _, ok := l.Annotations[GrantedAnnotation]; !ok {
 			return false, nil
 		}
@@ -213,8 +220,13 @@ func (w *waiter) lookAndTake() (*Holding, error) {
 	if err := w.listSlots(); err != nil {
 		return nil, err
 	}
-	if w.recovering && !g.now().Before(w.failedAt.Add(g.cfg.LeaseDuration)) {
-		w.recovering = false // a lease duration since the API failed us: expiries are judged now
+	if w.recovering {
+		switch {
+		case w.answeredAt.IsZero():
+			w.answeredAt = g.now() // the slots' clocks start at this look
+		case !g.now().Before(w.answeredAt.Add(g.cfg.LeaseDuration)):
+			w.recovering = false // this look judges what holders lost meanwhile
+		}
 	}
 	w.refusedSince = time.Time{}
 	free, _ := w.free(g.now())
@@ -308,7 +320,7 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 
 // lookTimer fires when to look at the slots before the watch ends: every
 // alonePoll while we are alone in the queue, after a refused or failed
-// take (its pause), and once a lease duration after the API failed us
+// take (its pause), and a lease duration after the API failed us
 // (holders may have lost their slots as we could not see). nil: not
 // before the watch ends.
 func (w *waiter) lookTimer() *time.Timer {
@@ -317,7 +329,8 @@ func (w *waiter) lookTimer() *time.Timer {
 	set := false
 	sooner := func(x time.Duration) {
 		if !set || x < d {
-			d, set = x, true
+			d = x
+			set = true
 		}
 	}
 	if w.alone {
@@ -486,7 +499,8 @@ func (w *waiter) leave(held *Holding) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), grace)
 	defer cancel()
 	rv := w.ticketRV
-	err := g.cfg.Client.Delete(ctx, w.ticketName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+	onVersion := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}}
+	err := g.cfg.Client.Delete(ctx, w.ticketName, onVersion)
 	if apierrors.IsConflict(err) {
 		w.returnGrant(ctx, held)
 		err = g.cfg.Client.Delete(ctx, w.ticketName, metav1.DeleteOptions{})

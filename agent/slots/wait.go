@@ -38,10 +38,7 @@ type waiter struct {
 	// cleared (Holding.disownUnsure, Gate.Hold).
 	unsure []take
 	names  []string
-	// By slot: free looks at every slot at every event, which by name
-	// took 9 µs at K = 100, 3.6 times the event's decoding (3.3 µs by
-	// slot; BenchmarkWaiterEvent).
-	// leases: the latest version of each Lease.
+	// By slot, as last listed or read: leases, the Lease.
 	leases []*coordinationv1.Lease
 	// since: when we first saw that version, on our clock.
 	since []time.Time
@@ -72,10 +69,12 @@ type waiter struct {
 	alone bool
 	// tryAgain: a take failed or was refused; look again after its pause.
 	tryAgain bool
-	// recovering: the API failed us at failedAt; look again once slots
-	// that holders lost meanwhile have expired.
+	// recovering: the API failed us, and holders may have lost their
+	// slots meanwhile with no holder left to look after them: look again
+	// until a look a lease duration after the first the API answered
+	// (answeredAt) has judged them.
 	recovering bool
-	failedAt   time.Time
+	answeredAt time.Time
 }
 
 // take is a take's write whose answer never came: the holder it named,
@@ -239,7 +238,8 @@ func (w *waiter) take(i int) (*Holding, error) {
 // SIGTERM may have been made all the same. So once the context ends, the
 // write's answer is awaited and what it may have written is cleared
 // (abandon), lest the slot name a holder nobody renews.
-func (w *waiter) send(i int, write func(context.Context) (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
+func (w *waiter) send(i int,
+	write func(context.Context) (*coordinationv1.Lease, error)) (*coordinationv1.Lease, error) {
 	var held *coordinationv1.Lease
 	var err error
 	answered := make(chan struct{})

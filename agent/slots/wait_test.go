@@ -76,6 +76,9 @@ func TestWaitersSendNothingWhileNothingChanges(t *testing.T) {
 	const n = 20
 	f := newFakeAPI(t)
 	a := hold(t, f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour, Identity: "holder"}, 0))
+	for f.listCount() < 2 { // its take's list and its first look after the slots
+		time.Sleep(time.Millisecond)
+	}
 	g := f.gate(t, Config{Slots: 1, LeaseDuration: time.Hour}, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -123,6 +126,11 @@ func TestEndedWatch(t *testing.T) {
 			clk := &testClock{}
 			g.now = clk.Now
 			a := hold(t, g)
+			// Its take's list, and its first look after the slots as
+			// the holder of slot 0 (janitor.go): not the waiter's.
+			for f.listCount() < 2 {
+				time.Sleep(time.Millisecond)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			got := waiters(ctx, t, g, 1)

@@ -88,6 +88,9 @@ func (i intent) objects() []string {
 	if i.nodeLabel && i.admission {
 		objs = append(objs, "ValidatingAdmissionPolicy "+n, "ValidatingAdmissionPolicyBinding "+n)
 	}
+	if i.admission && i.maxConcurrentNodes > 0 {
+		objs = append(objs, "ValidatingAdmissionPolicy "+n+".leases", "ValidatingAdmissionPolicyBinding "+n+".leases")
+	}
 	if i.flavor == "ocp" {
 		objs = append(objs, "SecurityContextConstraints "+n, "Role "+ns+".scc", "RoleBinding "+ns+".scc")
 	}
@@ -199,11 +202,13 @@ func (p inplacePackage) check(t *testing.T, dir string) {
 				if want := strings.Join(i.images, "\n") + "\n"; list != want {
 					t.Errorf("%s: ConfigMap lists\n%s\nwant\n%s", name, list, want)
 				}
-			case o.GetKind() == "Role" && !strings.HasSuffix(o.GetName(), ".scc"):
-				text := fmt.Sprint(o.Object["rules"])
-				slots := strings.Count(text, i.name+"-slot-")
+			case o.GetKind() == "ValidatingAdmissionPolicy" && strings.HasSuffix(o.GetName(), ".leases"):
+				// The Role cannot name the queue's tickets: the Lease
+				// policy names the slots the agent may write.
+				text := fmt.Sprint(o.Object["spec"])
+				slots := strings.Count(text, "'"+i.name+"-slot-")
 				if slots != i.maxConcurrentNodes {
-					t.Errorf("%s: the Role names %d lease slots, want %d (maxConcurrentNodes): %s", name, slots, i.maxConcurrentNodes, text)
+					t.Errorf("%s: the Lease policy names %d slots, want %d (maxConcurrentNodes): %s", name, slots, i.maxConcurrentNodes, text)
 				}
 			case o.GetKind() == "DaemonSet" && i.narrow:
 				// Narrowed tolerations get the startup taints of the

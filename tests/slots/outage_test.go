@@ -1,6 +1,7 @@
 package slots_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -203,19 +204,24 @@ func (e *testEnv) testLostAnswer(t *testing.T) {
 		func(rt http.RoundTripper, r *http.Request) (*http.Response, error) {
 			resp, err := rt.RoundTrip(r)
 			mu.Lock()
-			take := strings.Contains(r.URL.Path, "/"+instance+"-slot-")
-			lose := err == nil && !dropped && take && (r.Method == http.MethodPut || r.Method == http.MethodPost)
-			if lose {
-				dropped = true
+			write := err == nil && !dropped && (r.Method == http.MethodPut || r.Method == http.MethodPost)
+			lose := false
+			if write {
+				// A take writes a slot; the queue's ticket is a Lease too.
 				body, rerr := io.ReadAll(resp.Body)
-				obj, _, derr := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
-				if l, ok := obj.(*coordinationv1.Lease); rerr == nil && derr == nil && ok {
-					lostHolder = holderOf(l)
-				} else {
-					t.Errorf("the take's answer: %v %v", rerr, derr)
-				}
 				resp.Body.Close()
-				close(answered)
+				resp.Body = io.NopCloser(bytes.NewReader(body))
+				obj, _, derr := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+				l, ok := obj.(*coordinationv1.Lease)
+				if rerr != nil || derr != nil || !ok {
+					t.Errorf("the answer to %s %s: %v %v", r.Method, r.URL.Path, rerr, derr)
+				}
+				lose = ok && strings.HasPrefix(l.Name, instance+"-slot-")
+				if lose {
+					dropped = true
+					lostHolder = holderOf(l)
+					close(answered)
+				}
 			}
 			mu.Unlock()
 			if !lose {

@@ -103,15 +103,15 @@ func TestSlotsAgainstAPIServer(t *testing.T) {
 	t.Run("at most K holders at any moment", env.testAtMostK)
 	t.Run("killed holder's slot is reclaimed after the lease duration", env.testKilledHolder)
 	t.Run("seed nodes pull alone until one finishes", env.testSeed)
-	t.Run("a slot no longer in the Role is skipped", env.testLoweredK)
-	t.Run("a slot the Role names only later is taken once it does", env.testRaisedK)
+	t.Run("a slot no longer in the Lease policy is skipped", env.testLoweredK)
+	t.Run("a slot the Lease policy allows only later is taken once it does", env.testRaisedK)
 	t.Run("fetch on SIGTERM gives its slot back and records no seed", env.testFetchSIGTERM)
 	t.Run("a take cut off by SIGTERM leaves no holder behind", env.testTerminatedTake)
 	t.Run("watch waiting for a slot keeps the label truthful", env.testWatchWaitingForASlot)
 	t.Run("waiting nodes send no requests while the slots are busy", env.testQuietWaiters)
-	t.Run("one watch of the instance's slots; every released slot is taken", env.testOneWatch)
+	t.Run("one watch, of the node's own ticket; every released slot is taken", env.testOneWatch)
 	t.Run("a Role without list and watch ends the wait with an error", env.testOldRole)
-	t.Run("a take whose answer was lost holds from the watch; never two holders", env.testLostAnswer)
+	t.Run("a take whose answer was lost is written again; never two holders", env.testLostAnswer)
 	// Last: it stops the apiserver.
 	t.Run("a 30 s apiserver outage: holders stop pulling, never more than K nodes pull", env.testOutage)
 }
@@ -429,12 +429,19 @@ func (e *testEnv) testAtMostK(t *testing.T) {
 		if len(held) > k {
 			t.Errorf("sample %d: %d Leases held, cap is %d: %v", samples, len(held), k, held)
 		}
-		holdersSeen := map[string]bool{}
+		// A holder handing its slot to the queue writes the oldest
+		// ticket's holder into it before it claims the ticket; two
+		// doing so at once name one ticket in two slots until the one
+		// that lost the claim hands its slot on. So only the holders of
+		// the agents inside count: each shows in one slot at most.
+		slotsOf := map[string]int{}
 		for _, id := range held {
-			if holdersSeen[id] {
-				t.Errorf("sample %d: %s holds two slots", samples, id)
+			slotsOf[id]++
+		}
+		for h := range after {
+			if slotsOf[h.Identity()] > 1 {
+				t.Errorf("sample %d: %s holds %d slots", samples, h.Identity(), slotsOf[h.Identity()])
 			}
-			holdersSeen[id] = true
 		}
 		for h, n := range before {
 			if after[h] == n && held[h.Name()] != h.Identity() {
