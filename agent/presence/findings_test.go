@@ -231,6 +231,10 @@ func TestLateLookWhileTheStreamIsDown(t *testing.T) {
 	waitStatuses(t, rt, 2)
 	ev.names <- b.Name // a deletion of another image: no look at a
 	ev.names <- a.Name // a deletion event for a that the CRI plugin has not handled
+	// Its look at once finds a present, before the runtime goes away: a
+	// look racing the break could find it wiped before the watcher knows
+	// of the break, which no real runtime answers (it is down).
+	waitStatuses(t, rt, 3)
 	ev.fail <- errors.New("transport is closing")
 	rt.set(a.Ref, "") // the runtime comes back wiped; not subscribed yet
 	select {
