@@ -151,7 +151,9 @@ func (e env) sampleLeases(t *testing.T, ns string) *leaseSampler {
 	go func() {
 		defer close(s.done)
 		for ctx.Err() == nil {
-			list, err := e.cs.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+			// The slots, not the queue's tickets (docs/herd.md).
+			slotsOnly := metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=pull-slot"}
+			list, err := e.cs.CoordinationV1().Leases(ns).List(ctx, slotsOnly)
 			inflight := reg.Stats().BlobTransfers
 			s.mu.Lock()
 			if err != nil {
