@@ -103,7 +103,6 @@ func (w *waiter) queue() (*Holding, error) {
 		}
 		pause = w.backOff()
 		w.recovering = true
-		w.answeredAt = time.Time{}
 		g.log.Warn("waiting in the pull-slot queue failed; will retry",
 			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
 	}
@@ -220,14 +219,6 @@ func (w *waiter) lookAndTake() (*Holding, error) {
 	if err := w.listSlots(); err != nil {
 		return nil, err
 	}
-	if w.recovering {
-		switch {
-		case w.answeredAt.IsZero():
-			w.answeredAt = g.now() // the slots' clocks start at this look
-		case !g.now().Before(w.answeredAt.Add(g.cfg.LeaseDuration)):
-			w.recovering = false // this look judges what holders lost meanwhile
-		}
-	}
 	w.refusedSince = time.Time{}
 	free, _ := w.free(g.now())
 	mrand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
@@ -320,9 +311,9 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 
 // lookTimer fires when to look at the slots before the watch ends: every
 // alonePoll while we are alone in the queue, after a refused or failed
-// take (its pause), and a lease duration after the API failed us
-// (holders may have lost their slots as we could not see). nil: not
-// before the watch ends.
+// take (its pause), and every lease duration once the API failed us
+// (holders may have lost their slots as we could not see; see
+// waiter.recovering). nil: not before the watch ends.
 func (w *waiter) lookTimer() *time.Timer {
 	g := w.g
 	var d time.Duration

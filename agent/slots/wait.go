@@ -69,12 +69,11 @@ type waiter struct {
 	alone bool
 	// tryAgain: a take failed or was refused; look again after its pause.
 	tryAgain bool
-	// recovering: the API failed us, and holders may have lost their
-	// slots meanwhile with no holder left to look after them: look again
-	// until a look a lease duration after the first the API answered
-	// (answeredAt) has judged them.
+	// recovering: the API failed us. Holders may have lost their slots
+	// meanwhile, leaving none to look after the slots, and a watch
+	// resumed across an apiserver restart was seen to deliver a grant
+	// late: we look every lease duration for the rest of the wait.
 	recovering bool
-	answeredAt time.Time
 }
 
 // take is a take's write whose answer never came: the holder it named,
@@ -162,6 +161,9 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 		if w.isUnsure(h) {
 			return []int{i}, time.Time{} // a lost answer's write: taken again at once
 		}
+		if h != "" && h == w.ticketID {
+			return []int{i}, time.Time{} // handed to us: a grant our watch has not shown yet
+		}
 		if h != "" {
 			expiry := w.since[i].Add(g.duration(l))
 			if now.Before(expiry) {
@@ -210,7 +212,7 @@ func (w *waiter) take(i int) (*Holding, error) {
 		}
 		verb = "create"
 		write = g.create
-	case h != "" && !w.isUnsure(h):
+	case h != "" && !w.isUnsure(h) && h != w.ticketID:
 		g.log.Info("taking over expired pull slot", "slot", name, "previousHolder", h)
 	}
 	seed := !w.seeded
