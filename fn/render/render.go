@@ -497,7 +497,6 @@ func (c Config) daemonSet(n Names, labels map[string]string, meta metav1.ObjectM
 func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmissionPolicy {
 	fail := admissionv1.Fail
 	key := v1alpha1.NodeKey(c.Name)
-	marker := fmt.Sprintf("authorizer.group('%s').resource('%s')", v1alpha1.Group, MarkerResource)
 	keep := func(field string) string {
 		return fmt.Sprintf("has(object.metadata.%[1]s) == has(oldObject.metadata.%[1]s) && (!has(object.metadata.%[1]s) || object.metadata.%[1]s == oldObject.metadata.%[1]s)", field)
 	}
@@ -517,22 +516,7 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 					},
 				}},
 			},
-			MatchConditions: []admissionv1.MatchCondition{
-				{
-					Name:       "is-image-prefetcher-agent",
-					Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, c.instance().Marker(), MarkerVerb),
-				},
-				{
-					// A grant that covers every name of the marker resource
-					// (cluster-admin's "*" on "*", system:masters) also
-					// passes the check above. Such principals are not the
-					// agent and may change Nodes anyway; without this
-					// condition the policy would lock them out of every
-					// node update.
-					Name:       "not-a-wildcard-grant",
-					Expression: fmt.Sprintf("!%s.check('%s').allowed()", marker, MarkerVerb),
-				},
-			},
+			MatchConditions: c.agentConditions(),
 			Variables: []admissionv1.Variable{
 				{Name: "key", Expression: fmt.Sprintf("'%s'", key)},
 				{Name: "oldLabels", Expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"},
@@ -565,12 +549,32 @@ func (c Config) admissionPolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingA
 	return p
 }
 
+// agentConditions match the requests of the instance's agent: the
+// policies recognise it by the ClusterRole's mark (MarkerResource).
+func (c Config) agentConditions() []admissionv1.MatchCondition {
+	marker := fmt.Sprintf("authorizer.group('%s').resource('%s')", v1alpha1.Group, MarkerResource)
+	return []admissionv1.MatchCondition{
+		{
+			Name:       "is-image-prefetcher-agent",
+			Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, c.instance().Marker(), MarkerVerb),
+		},
+		{
+			// A grant that covers every name of the marker resource
+			// (cluster-admin's "*" on "*", system:masters) also passes the
+			// check above. Such principals are not the agent and may
+			// change Nodes and Leases anyway; without this condition the
+			// policies would lock them out.
+			Name:       "not-a-wildcard-grant",
+			Expression: fmt.Sprintf("!%s.check('%s').allowed()", marker, MarkerVerb),
+		},
+	}
+}
+
 // leasePolicy limits the agent's Lease writes to its instance's K slots
 // and its queue's tickets (agent/slots): the Role cannot name them. It
 // recognises the agent by the ClusterRole's mark, as admissionPolicy does.
 func (c Config) leasePolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmissionPolicy {
 	fail := admissionv1.Fail
-	marker := fmt.Sprintf("authorizer.group('%s').resource('%s')", v1alpha1.Group, MarkerResource)
 	slots := make([]string, c.MaxConcurrentNodes)
 	for i := range slots {
 		slots[i] = "'" + v1alpha1.LeaseName(c.Name, i) + "'"
@@ -591,13 +595,7 @@ func (c Config) leasePolicy(meta metav1.ObjectMeta) *admissionv1.ValidatingAdmis
 					},
 				}},
 			},
-			MatchConditions: []admissionv1.MatchCondition{
-				{
-					Name:       "is-image-prefetcher-agent",
-					Expression: fmt.Sprintf("%s.name('%s').check('%s').allowed()", marker, c.instance().Marker(), MarkerVerb),
-				},
-				{Name: "not-a-wildcard-grant", Expression: fmt.Sprintf("!%s.check('%s').allowed()", marker, MarkerVerb)},
-			},
+			MatchConditions: c.agentConditions(),
 			Validations: []admissionv1.Validation{{
 				Expression: fmt.Sprintf("request.name in [%s] || (request.name.startsWith('%s') && request.name.size() == %d && request.name.substring(%d).matches('^[0-9a-f]+$'))",
 					strings.Join(slots, ", "), ticket, len(ticket)+16, len(ticket)),
