@@ -220,7 +220,7 @@ func (w *waiter) lookAndTake() (*Holding, error) {
 		return nil, err
 	}
 	w.refusedSince = time.Time{}
-	free, _ := w.free(g.now())
+	free := w.free(g.now())
 	mrand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
 	// A lost race moves on to the next free slot; a failed write pauses.
 	for _, i := range free[:min(len(free), maxTries)] {

@@ -133,9 +133,9 @@ func (w *waiter) eligible() int {
 	return min(w.g.cfg.SeedNodes, w.g.cfg.Slots)
 }
 
-// free lists the eligible slots that may be taken now, and says when to
-// look again: the next expiry of a held slot, or the end of a denial.
-func (w *waiter) free(now time.Time) (free []int, next time.Time) {
+// free lists the eligible slots that may be taken now. When to look again
+// is lookTimer's: waiters no longer wait on a held slot's expiry.
+func (w *waiter) free(now time.Time) (free []int) {
 	g := w.g
 	for _, l := range w.leases {
 		if !w.seeded && l != nil && l.Annotations[SeededAnnotation] == g.cfg.SeedKey {
@@ -143,15 +143,9 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 			g.log.Info("a seed node has finished; all pull slots are open", "slots", g.cfg.Slots)
 		}
 	}
-	later := func(t time.Time) {
-		if next.IsZero() || t.Before(next) {
-			next = t
-		}
-	}
 	for i := range w.eligible() {
 		l := w.leases[i]
 		if now.Before(w.deniedUntil[i]) {
-			later(w.deniedUntil[i])
 			continue
 		}
 		if l != nil && w.lostAt[i] == l {
@@ -159,21 +153,17 @@ func (w *waiter) free(now time.Time) (free []int, next time.Time) {
 		}
 		h := holder(l)
 		if w.isUnsure(h) {
-			return []int{i}, time.Time{} // a lost answer's write: taken again at once
+			return []int{i} // a lost answer's write: taken again at once
 		}
 		if h != "" && h == w.ticketID {
-			return []int{i}, time.Time{} // handed to us: a grant our watch has not shown yet
+			return []int{i} // handed to us: a grant our watch has not shown yet
 		}
-		if h != "" {
-			expiry := w.since[i].Add(g.duration(l))
-			if now.Before(expiry) {
-				later(expiry)
-				continue
-			}
+		if h != "" && now.Before(w.since[i].Add(g.duration(l))) {
+			continue // held, not expired on our clock
 		}
 		free = append(free, i)
 	}
-	return free, next
+	return free
 }
 
 // isUnsure says whether id is the holder of one of our unsure takes.
