@@ -247,3 +247,59 @@ func TestLateLookWhileTheStreamIsDown(t *testing.T) {
 	}
 	close(ev.gate)
 }
+
+// A look that succeeds while the event stream is down does not end the
+// restart: a runtime shutting down may still answer before it stops and
+// is wiped, and what the next look finds gone went with the wipe. Before,
+// that look ended it, and the late look after an earlier deletion
+// reported the wiped image as removed by the kubelet's GC (tests/runtimes
+// TestRemovalNoticed on containerd 1.6, the wipe a second after a repair).
+func TestLookBeforeTheRuntimeStops(t *testing.T) {
+	rt := newRuntime()
+	subscribed := make(chan struct{}, 10)
+	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
+	g := make(gone, 10)
+	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
+	w.Watch([]Image{a})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-subscribed
+	waitStatuses(t, rt, 2)
+	ev.names <- a.Name // late looks at a follow, for 12 s
+	waitStatuses(t, rt, 3)
+	ev.fail <- errors.New("error reading from server: EOF")
+	for deadline := time.Now().Add(5 * time.Second); !w.broken(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the break not taken in within 5 s")
+		}
+	}
+	// The repair's check watches a again: its look finds a present, on a
+	// runtime that has closed its stream but still answers.
+	w.Watch([]Image{a})
+	waitStatuses(t, rt, 4)
+	rt.set(a.Ref, "") // stopped, wiped, started; not subscribed yet
+	select {
+	case imgs := <-g:
+		if len(imgs) != 1 || imgs[0].Name != a.Name || !imgs[0].AfterRestart {
+			t.Errorf("gone %+v, want a, gone with the restart", imgs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a not reported")
+	}
+	close(ev.gate)
+}
+
+// broken reports whether the watcher has taken in a break of the stream.
+func (w *Watcher) broken() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.restarted
+}

@@ -112,9 +112,13 @@ type Watcher struct {
 	// images only (by Name).
 	all    bool
 	wanted map[string]bool
-	// restarted: the stream came back after breaking, and no look has
-	// succeeded since.
-	restarted bool
+	// restarted: the stream broke, and no look begun since it came back
+	// has succeeded. down: it is broken now. breaks counts the breaks, so
+	// that a look the stream broke under clears nothing. A look while
+	// the stream is down may find a runtime still shutting down that
+	// answers, and the wipe follows (tests/runtimes TestRemovalNoticed).
+	restarted, down bool
+	breaks          int
 }
 
 func (w *Watcher) wakeup() chan struct{} {
@@ -317,7 +321,7 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		}
 		subscribed = func() {
 			w.mu.Lock()
-			w.restarted = true
+			w.restarted, w.down = true, false
 			w.mu.Unlock()
 			w.trigger()
 		}
@@ -342,7 +346,8 @@ func (w *Watcher) follow(ctx context.Context) bool {
 		// succeeds, went with it, not with the kubelet's image GC. A late
 		// look after an earlier deletion event runs meanwhile.
 		w.mu.Lock()
-		w.restarted = true
+		w.restarted, w.down = true, true
+		w.breaks++
 		w.mu.Unlock()
 		w.Log.Warn("the runtime's image event stream broke; subscribing again", "retryIn", wait, "err", err)
 		t := time.NewTimer(wait)
@@ -401,6 +406,8 @@ func (w *Watcher) look(ctx context.Context) error {
 		}
 	}
 	restarted := w.restarted
+	settles := restarted && !w.down
+	breaks := w.breaks
 	w.mu.Unlock()
 	gone := map[string]bool{}
 	moved := map[string]string{}
@@ -428,7 +435,7 @@ func (w *Watcher) look(ctx context.Context) error {
 			w.set[i].ID = id
 		}
 	}
-	if first == nil && restarted {
+	if first == nil && settles && breaks == w.breaks {
 		w.restarted = false
 	}
 	for _, name := range failed {
