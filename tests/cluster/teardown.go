@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,14 +38,19 @@ func (c *Cluster) Stop(ctx context.Context) error {
 			p.stop(10 * time.Second)
 		}
 	}
-	for _, n := range c.nodes {
-		if err := n.removePods(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		if p := c.proc(n.runtimeProcName()); p != nil {
-			p.stop(10 * time.Second)
-		}
+	// Nodes side by side: each waits on its own runtime.
+	nodeErrs := make([]error, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		wg.Go(func() {
+			nodeErrs[i] = n.removePods(ctx)
+			if p := c.proc(n.runtimeProcName()); p != nil {
+				p.stop(10 * time.Second)
+			}
+		})
 	}
+	wg.Wait()
+	errs = append(errs, nodeErrs...)
 	for _, name := range []string{"kube-apiserver", "etcd"} {
 		if p := c.proc(name); p != nil {
 			p.stop(10 * time.Second)
