@@ -29,6 +29,9 @@ type fakeStore struct {
 	// update does on a busy node; it gives up when ctx ends.
 	setLatency     time.Duration
 	criIgnoresPins bool
+	// setting is the SetLabels calls in progress; mostSetting, the most
+	// seen at once.
+	setting, mostSetting int
 }
 
 type fakeImage struct {
@@ -111,6 +114,15 @@ func (s *fakeStore) SetLabels(ctx context.Context, rec Record, labels map[string
 	if s.beforeSet != nil {
 		s.beforeSet(rec.Name, labels)
 	}
+	s.mu.Lock()
+	s.setting++
+	s.mostSetting = max(s.mostSetting, s.setting)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.setting--
+		s.mu.Unlock()
+	}()
 	if s.setLatency > 0 {
 		t := time.NewTimer(s.setLatency)
 		select {
