@@ -2,7 +2,6 @@ package slots
 
 import (
 	"context"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -245,53 +244,3 @@ func TestFailingRoundsBackOff(t *testing.T) {
 	}
 }
 
-// restartedWatches is the fake's Lease client after an apiserver restart:
-// a watch from a version older than oldest, where the new watch cache
-// starts, answers 410 Gone. It counts those.
-type restartedWatches struct {
-	LeaseClient
-	oldest atomic.Int64
-	gones  atomic.Int64
-}
-
-func (c *restartedWatches) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	if rv, err := strconv.ParseInt(opts.ResourceVersion, 10, 64); err == nil && rv < c.oldest.Load() {
-		c.gones.Add(1)
-		w := watch.NewFakeWithChanSize(1, false)
-		w.Error(&apierrors.NewGone("too old resource version").ErrStatus)
-		w.Stop()
-		return w, nil
-	}
-	return c.LeaseClient.Watch(ctx, opts)
-}
-
-// After an apiserver restart a waiter's watch, resumed from its ticket's
-// version, is answered 410 Gone: it then resumes from now. Before, it
-// resumed from the version it read, older than the new watch cache too,
-// and was answered 410 Gone again, a round a second, for every waiter.
-func TestWatchGoneAfterARestart(t *testing.T) {
-	f := newFakeAPI(t)
-	g := f.gate(t, Config{Slots: 1, Identity: "holder"}, 0)
-	a := hold(t, g)
-	defer a.Release()
-	f.goneTicket(t, g)
-	c := &restartedWatches{LeaseClient: f.leases()}
-	w := f.gate(t, Config{Slots: 1, Identity: "waiter", Client: c}, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
-	defer cancel()
-	waiters(ctx, t, w, 1)
-	for f.requests()["watch"] < 1 {
-		time.Sleep(time.Millisecond)
-	}
-	list, err := f.leases().List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rv, _ := strconv.ParseInt(list.ResourceVersion, 10, 64)
-	c.oldest.Store(rv + 1000) // the restart: every version so far is too old
-	f.endWatches()
-	<-ctx.Done()
-	if n := c.gones.Load(); n > 1 {
-		t.Errorf("%d watches answered 410 Gone in 6 s after the restart, want 1: the next resumes from now", n)
-	}
-}

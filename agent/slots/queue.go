@@ -446,14 +446,7 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, aga
 				return h, again, err
 			}
 			if ev.Type == watch.Error {
-				// Resume from now, not from the ticket's version: after an
-				// apiserver restart its watch cache starts past every
-				// version written before, and the resumed watch answered
-				// 410 Gone again, a round a second for every waiter
-				// (n1000-k50-outage30s: 218 watches/s). From now, the
-				// watch first shows the ticket as it is.
-				*rv = ""
-				return nil, false, nil
+				return nil, false, nil // resume from the ticket's version
 			}
 		}
 	}
