@@ -243,4 +243,3 @@ func TestFailingRoundsBackOff(t *testing.T) {
 		t.Errorf("%d failed watches in 8 s, want at most 5: the pause after a failed round doubles", n)
 	}
 }
-
