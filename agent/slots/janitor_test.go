@@ -126,7 +126,6 @@ type flakyClient struct {
 	LeaseClient
 	selector  string
 	down      atomic.Bool
-	watchDown atomic.Bool // only watches fail
 	failures  atomic.Int64
 	slotLists atomic.Int64
 }
@@ -150,10 +149,6 @@ func (c *flakyClient) List(ctx context.Context, opts metav1.ListOptions) (*coord
 }
 
 func (c *flakyClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	if c.watchDown.Load() {
-		c.failures.Add(1)
-		return nil, apierrors.NewServiceUnavailable("the apiserver is overloaded")
-	}
 	if err := c.fail(); err != nil {
 		return nil, err
 	}
@@ -215,31 +210,5 @@ func TestRecoveryEndsOnceAHolderRenews(t *testing.T) {
 	if n := c.slotLists.Load() - before; n > 3 {
 		t.Errorf("the waiter listed the slots %d times in 8 s after the API came back, want at most 3: "+
 			"a look to compare with, one that sees the renewal, and one more at most", n)
-	}
-}
-
-// A waiter whose rounds keep failing after its ticket is written backs
-// off: the pause doubles until a round reaches its watch. Before, the
-// ticket's write reset it, and after an outage an overloaded apiserver
-// that answered that write and failed the rest had every waiter come back
-// every second.
-func TestFailingRoundsBackOff(t *testing.T) {
-	f := newFakeAPI(t)
-	g := f.gate(t, Config{Slots: 1, Identity: "holder"}, 0)
-	a := hold(t, g)
-	defer a.Release()
-	f.goneTicket(t, g)
-	c := &flakyClient{LeaseClient: f.leases()}
-	w := f.gate(t, Config{Slots: 1, Identity: "waiter", Client: c}, 0)
-	c.selector = w.selector
-	w.retry = minRetry
-	c.watchDown.Store(true) // writes and lists answer; every watch fails
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
-	defer cancel()
-	waiters(ctx, t, w, 1)
-	<-ctx.Done()
-	// Pauses of about 1, 2, 4 s: 3 or 4 rounds in 8 s, not one a second.
-	if n := c.failures.Load(); n > 5 {
-		t.Errorf("%d failed watches in 8 s, want at most 5: the pause after a failed round doubles", n)
 	}
 }

@@ -120,6 +120,7 @@ func (w *waiter) queueRound() (*Holding, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.retry = g.retry // the API answers again; failed takes from here double the pause
 	if s, ok := t.Annotations[GrantedAnnotation]; ok {
 		if h, err := w.granted(s); h != nil || err != nil {
 			return h, err
@@ -310,12 +311,6 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The API answered the whole round: the pauses after failures
-		// start short again. Not before: after an outage, an apiserver
-		// that answered the ticket's write and failed the rest kept 950
-		// waiters at a round a second each (n1000-k50-outage30s: 717
-		// waiter requests/s, 45 per waiting node per minute).
-		w.retry = g.retry
 		h, again, err := w.readTicket(stream, &rv)
 		stream.Stop()
 		if h != nil || err != nil || again {
