@@ -212,22 +212,7 @@ func TestUnwatchedDeletionCostsNoLook(t *testing.T) {
 // (tests/runtimes TestRemovalNoticed, the wipe).
 func TestLateLookWhileTheStreamIsDown(t *testing.T) {
 	rt := newRuntime()
-	subscribed := make(chan struct{}, 10)
-	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
-	g := make(gone, 10)
-	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
-	w.Watch([]Image{a})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	<-subscribed
+	_, ev, g := startGated(t, rt, a)
 	waitStatuses(t, rt, 2)
 	ev.names <- b.Name // a deletion of another image: no look at a
 	ev.names <- a.Name // a deletion event for a that the CRI plugin has not handled
@@ -245,7 +230,6 @@ func TestLateLookWhileTheStreamIsDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a not reported")
 	}
-	close(ev.gate)
 }
 
 // A look that succeeds while the event stream is down does not end the
@@ -256,22 +240,7 @@ func TestLateLookWhileTheStreamIsDown(t *testing.T) {
 // TestRemovalNoticed on containerd 1.6, the wipe a second after a repair).
 func TestLookBeforeTheRuntimeStops(t *testing.T) {
 	rt := newRuntime()
-	subscribed := make(chan struct{}, 10)
-	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
-	g := make(gone, 10)
-	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
-	w.Watch([]Image{a})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	<-subscribed
+	w, ev, g := startGated(t, rt, a)
 	waitStatuses(t, rt, 2)
 	ev.names <- a.Name // late looks at a follow, for 12 s
 	waitStatuses(t, rt, 3)
@@ -294,7 +263,6 @@ func TestLookBeforeTheRuntimeStops(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a not reported")
 	}
-	close(ev.gate)
 }
 
 // broken reports whether the watcher has taken in a break of the stream.
@@ -302,4 +270,28 @@ func (w *Watcher) broken() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.restarted
+}
+
+// startGated runs a watcher of img over an event stream whose
+// subscriptions after the first wait for ev.gate (a runtime restarting),
+// until the test ends, and returns it once it has subscribed.
+func startGated(t *testing.T, rt *runtime, img Image) (*Watcher, *events, gone) {
+	t.Helper()
+	subscribed := make(chan struct{}, 10)
+	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
+	g := make(gone, 10)
+	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
+	w.Watch([]Image{img})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	<-subscribed
+	return w, ev, g
 }
