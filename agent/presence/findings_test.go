@@ -16,6 +16,15 @@ func startFollowing(t *testing.T, rt *runtime, set []Image) (*Watcher, *events, 
 	t.Helper()
 	subscribed := make(chan struct{}, 10)
 	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed}
+	w, g := runOver(t, rt, ev, set)
+	return w, ev, g, subscribed
+}
+
+// runOver runs a watcher of set over the stream ev until the test ends,
+// and returns it, and what it reports, once it has subscribed (ev's
+// subscribed channel must be set).
+func runOver(t *testing.T, rt *runtime, ev *events, set []Image) (*Watcher, gone) {
+	t.Helper()
 	g := make(gone, 10)
 	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
 	w.Watch(set)
@@ -29,8 +38,8 @@ func startFollowing(t *testing.T, rt *runtime, set []Image) (*Watcher, *events, 
 		cancel()
 		<-done
 	})
-	<-subscribed
-	return w, ev, g, subscribed
+	<-ev.subscribed
+	return w, g
 }
 
 // noReport fails when something is reported within a short while.
@@ -277,21 +286,7 @@ func (w *Watcher) broken() bool {
 // until the test ends, and returns it once it has subscribed.
 func startGated(t *testing.T, rt *runtime, img Image) (*Watcher, *events, gone) {
 	t.Helper()
-	subscribed := make(chan struct{}, 10)
-	ev := &events{names: make(chan string), fail: make(chan error), subscribed: subscribed, gate: make(chan struct{})}
-	g := make(gone, 10)
-	w := &Watcher{Runtime: rt, Events: ev, Log: discard, Gone: g.report}
-	w.Watch([]Image{img})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	<-subscribed
+	ev := &events{names: make(chan string), fail: make(chan error), subscribed: make(chan struct{}, 10), gate: make(chan struct{})}
+	w, g := runOver(t, rt, ev, []Image{img})
 	return w, ev, g
 }
