@@ -44,6 +44,9 @@ type fakeAPI struct {
 	events   []watch.Event
 	watchers []*fakeWatcher
 	lists    int
+	// watchable is the oldest version a watch may start from; one from
+	// before it is answered 410 Gone (restart).
+	watchable int64
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -110,6 +113,11 @@ func (f *fakeAPI) watch(action k8stesting.Action) (bool, watch.Interface, error)
 	}
 	f.writes.Lock()
 	defer f.writes.Unlock()
+	if from > 0 && from < f.watchable {
+		w.ch <- watch.Event{Type: watch.Error, Object: &apierrors.NewGone("too old resource version").ErrStatus}
+		w.close()
+		return true, w, nil
+	}
 	for _, ev := range f.events {
 		if rv, _ := strconv.ParseInt(ev.Object.(*coordinationv1.Lease).ResourceVersion, 10, 64); rv > from {
 			w.send(ev)
@@ -139,6 +147,21 @@ func (f *fakeAPI) endWatches() {
 }
 
 func (f *fakeAPI) stopWatchers() { f.endWatches() }
+
+// restart ends every watch as a restarting apiserver does: its new watch
+// cache starts at the current version, and a watch from any version
+// before it is answered 410 Gone.
+func (f *fakeAPI) restart() {
+	f.writes.Lock()
+	defer f.writes.Unlock()
+	for _, w := range f.watchers {
+		w.close()
+	}
+	f.watchers = nil
+	f.mu.Lock()
+	f.watchable = f.rv
+	f.mu.Unlock()
+}
 
 // listCount is how many lists the gates made.
 func (f *fakeAPI) listCount() int {
@@ -187,10 +210,16 @@ func (f *fakeAPI) react(action k8stesting.Action) (bool, runtime.Object, error) 
 			return true, nil, err
 		}
 		list := obj.(*coordinationv1.LeaseList)
-		if sel := action.(k8stesting.ListAction).GetListRestrictions().Labels; sel != nil {
+		r := action.(k8stesting.ListAction).GetListRestrictions()
+		if r.Labels != nil {
 			list.Items = slices.DeleteFunc(list.Items, func(l coordinationv1.Lease) bool {
-				return !sel.Matches(labels.Set(l.Labels))
+				return !r.Labels.Matches(labels.Set(l.Labels))
 			})
+		}
+		if r.Fields != nil {
+			if name, ok := r.Fields.RequiresExactMatch("metadata.name"); ok {
+				list.Items = slices.DeleteFunc(list.Items, func(l coordinationv1.Lease) bool { return l.Name != name })
+			}
 		}
 		list.ResourceVersion = f.currentRV()
 		return true, list, nil

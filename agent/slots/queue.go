@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -232,18 +233,43 @@ func (w *waiter) lookAndTake() (*Holding, error) {
 	return nil, nil
 }
 
-// aloneInQueue says whether our ticket is the only one: then we look at
-// the slots ourselves, as no holder may be left to look after them (K = 1,
-// or every holder's node died). Two tickets are enough to tell.
+// aloneInQueue says whether ours is the only ticket of a node that waits:
+// then we look at the slots ourselves, as no holder may be left to look
+// after them (K = 1, or every holder's node died). A ticket whose node
+// holds a slot as we last listed them does not count: that node has just
+// taken it and deletes its ticket next, and had we counted it, its death
+// would leave the slot to our watch's end (5-10 min). Three tickets are
+// enough to tell: ours, a leaving one, and one of a node that waits.
 func (w *waiter) aloneInQueue() (bool, error) {
 	g := w.g
 	ctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
 	defer cancel()
-	list, err := g.cfg.Client.List(ctx, metav1.ListOptions{LabelSelector: g.ticketSelector, Limit: 2})
+	list, err := g.cfg.Client.List(ctx, metav1.ListOptions{LabelSelector: g.ticketSelector, Limit: 3})
 	if err != nil {
 		return false, fmt.Errorf("list ticket Leases %s/%s: %w", g.cfg.Namespace, g.ticketSelector, err)
 	}
-	return len(list.Items) <= 1, nil
+	holding := map[string]bool{}
+	for _, l := range w.leases {
+		if h := holder(l); h != "" {
+			holding[identityOf(h)] = true
+		}
+	}
+	for _, t := range list.Items {
+		if t.Name != w.ticketName && !holding[identityOf(holder(&t))] {
+			return false, nil
+		}
+	}
+	return list.Continue == "", nil
+}
+
+// identityOf is the Config.Identity that made a holder: every ticket and
+// take names Identity-<8 hex>, so a ticket and a slot name the same node
+// when their holders share it.
+func identityOf(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i >= 0 {
+		return id[:i]
+	}
+	return id
 }
 
 // listSlots reads the instance's slots; a version seen before keeps the
@@ -324,14 +350,17 @@ func (w *waiter) lookTimer() *time.Timer {
 			set = true
 		}
 	}
+	// From the last look, not from now: a watch that ends every few
+	// seconds (410 Gone, a proxy's idle timeout) must not put looks off.
+	now := g.now()
 	if w.alone {
-		sooner(alonePoll)
+		sooner(w.listedAt.Add(alonePoll).Sub(now))
 	}
 	if w.tryAgain {
-		sooner(w.againAt().Sub(g.now()))
+		sooner(w.againAt().Sub(now))
 	}
 	if w.recovering {
-		sooner(g.cfg.LeaseDuration + time.Second)
+		sooner(w.listedAt.Add(g.cfg.LeaseDuration + time.Second).Sub(now))
 	}
 	if !set {
 		return nil
@@ -368,10 +397,10 @@ func (w *waiter) watchTicket(name, rv string) (watch.Interface, time.Duration, e
 // lookTimer says, until the ticket is granted, must be written again
 // (again: deleted), or the watch ends. Bookmarks keep the version to
 // resume from recent, so that a watch of a ticket that never changes can
-// be resumed; one that is too old all the same (410 Gone) is resumed from
-// the ticket read afresh.
+// be resumed. A watch that ends with an error (410 Gone: after an
+// apiserver restart its watch cache starts past every version written
+// before) is resumed from the version at which the ticket was read again.
 func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, again bool, err error) {
-	g := w.g
 	timer := w.lookTimer()
 	defer func() { stopTimer(timer) }()
 	for {
@@ -391,42 +420,56 @@ func (w *waiter) readTicket(stream watch.Interface, rv *string) (h *Holding, aga
 			if !ok {
 				return nil, false, nil
 			}
-			var l *coordinationv1.Lease
 			switch ev.Type {
 			case watch.Deleted:
 				return nil, true, nil
 			case watch.Error:
-				got, err := g.get(w.ctx, w.ticketName)
-				if apierrors.IsNotFound(err) {
-					return nil, true, nil
+				l, at, err := w.readOwnTicket()
+				if err != nil || l == nil {
+					return nil, l == nil && err == nil, err
 				}
-				if err != nil {
-					return nil, false, fmt.Errorf("read ticket Lease %s/%s: %w", g.cfg.Namespace, w.ticketName, err)
-				}
-				l = got
-			default:
-				if l, ok = ev.Object.(*coordinationv1.Lease); !ok {
-					continue
-				}
+				*rv = at
+				h, again, _, err := w.ticketChanged(l)
+				return h, again, err
+			}
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok {
+				continue
 			}
 			*rv = l.ResourceVersion
 			if ev.Type == watch.Bookmark {
 				continue
 			}
-			w.ticketRV = l.ResourceVersion
 			if h, again, done, err := w.ticketChanged(l); done {
 				return h, again, err
-			}
-			if ev.Type == watch.Error {
-				return nil, false, nil // resume from the ticket's version
 			}
 		}
 	}
 }
 
+// readOwnTicket reads our ticket (nil: gone) with a list, whose version is
+// the apiserver's current one: a watch resumes from there, where the
+// ticket's own version may be too old to watch from.
+func (w *waiter) readOwnTicket() (*coordinationv1.Lease, string, error) {
+	g := w.g
+	ctx, cancel := context.WithTimeout(w.ctx, g.cfg.CallTimeout)
+	defer cancel()
+	list, err := g.cfg.Client.List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", w.ticketName).String(),
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("read ticket Lease %s/%s: %w", g.cfg.Namespace, w.ticketName, err)
+	}
+	if len(list.Items) == 0 {
+		return nil, list.ResourceVersion, nil
+	}
+	return &list.Items[0], list.ResourceVersion, nil
+}
+
 // ticketChanged acts on our ticket as read: a grant is taken (done).
 func (w *waiter) ticketChanged(l *coordinationv1.Lease) (h *Holding, again, done bool, err error) {
 	g := w.g
+	w.ticketRV = l.ResourceVersion
 	if holder(l) != w.ticketID {
 		return nil, true, true, nil
 	}
