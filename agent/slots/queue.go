@@ -103,7 +103,7 @@ func (w *waiter) queue() (*Holding, error) {
 			}
 		}
 		pause = w.backOff()
-		w.recovering = true
+		w.recovering, w.recoverBase = true, false
 		g.log.Warn("waiting in the pull-slot queue failed; will retry",
 			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
 	}
@@ -297,7 +297,27 @@ func (w *waiter) listSlots() error {
 		}
 		w.leases[i] = l
 	}
+	if w.recovering {
+		if w.recoverBase && w.renewing(old) {
+			w.recovering = false
+		}
+		w.recoverBase = true
+	}
 	return nil
+}
+
+// renewing says whether a holder of one of the first slots, which looks
+// after the slots (janitor.go), renewed its slot between the look that
+// saw old and this one: same holder, newer version. A grant nobody took
+// has no renewal; a hand-over changes the holder.
+func (w *waiter) renewing(old []*coordinationv1.Lease) bool {
+	for i := range min(janitors, len(w.leases)) {
+		o, l := old[i], w.leases[i]
+		if o != nil && l != nil && holder(l) != "" && holder(l) == holder(o) && l.ResourceVersion != o.ResourceVersion {
+			return true
+		}
+	}
+	return false
 }
 
 // followTicket watches our ticket alone until it is granted a slot (held
@@ -337,8 +357,8 @@ func (w *waiter) followTicket(t *coordinationv1.Lease) (*Holding, error) {
 
 // lookTimer fires when to look at the slots before the watch ends: every
 // alonePoll while we are alone in the queue, after a refused or failed
-// take (its pause), and every lease duration once the API failed us
-// (holders may have lost their slots as we could not see; see
+// take (its pause), and every lease duration after the API failed us
+// until a holder is seen to look after the slots (see
 // waiter.recovering). nil: not before the watch ends.
 func (w *waiter) lookTimer() *time.Timer {
 	g := w.g
