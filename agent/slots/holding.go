@@ -180,6 +180,12 @@ func (h *Holding) Release() {
 				"slot", h.Name(), "lost", h.wasLost)
 		}
 		err := h.release(ctx, seeded)
+		if err != nil && h.wasLost && h.ctx.Err() == nil {
+			g.log.Warn("could not release the lost pull slot; giving it back once the API answers",
+				"slot", h.Name(), "err", err)
+			go h.giveBack()
+			return
+		}
 		if err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",
 				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "seeded", seeded, "err", err)
@@ -187,6 +193,26 @@ func (h *Holding) Release() {
 		}
 		g.log.Info("released pull slot", "slot", h.Name(), "seeded", seeded)
 	})
+}
+
+// giveBack releases a slot lost to an outage once the API answers, trying
+// every renewal interval until Hold's context ends. Otherwise it names us
+// until a node that can see it judges it expired, a lease duration after
+// the apiserver's return at best (waiters back off up to 30 s first), and
+// after an outage every holder's slot is such a one. Clearing it is safe
+// at any time: the write carries the version read, and only a Lease that
+// still names us is cleared.
+func (h *Holding) giveBack() {
+	g := h.g
+	for sleep(h.ctx, g.renewInterval()) {
+		ctx, cancel := context.WithTimeout(h.ctx, g.cfg.CallTimeout)
+		err := h.release(ctx, false)
+		cancel()
+		if err == nil {
+			g.log.Info("gave back the lost pull slot", "slot", h.Name())
+			return
+		}
+	}
 }
 
 // clear empties holderIdentity if we still hold it, and keeps the Lease;

@@ -101,3 +101,31 @@ func TestLeavingTicketDoesNotHideALoneWaiter(t *testing.T) {
 		t.Errorf("took slot %d, want %d, the dead holder's", h.Slot(), a.Slot())
 	}
 }
+
+// A holder cut off by an outage loses its slot, and its release fails
+// while the apiserver is down. It gives the slot back once the API
+// answers: before, the slot named it until a node that could see it had
+// judged it expired, and after an outage every holder's slot was such a
+// one (n1000-k50-outage30s: the last of the K slots held again 57 s after
+// the apiserver was ready).
+func TestLostSlotIsGivenBackOnceTheAPIAnswers(t *testing.T) {
+	f := newFakeAPI(t)
+	g := f.gate(t, Config{Slots: 1, CallTimeout: 100 * time.Millisecond}, 300*time.Millisecond)
+	h := hold(t, g)
+	f.setHook(func(string, string, *coordinationv1.Lease) error {
+		return apierrors.NewServiceUnavailable("the apiserver is down")
+	})
+	<-h.Lost()
+	h.Release() // fails: the API is still down
+	if l := f.lease(t, h.Name()); holder(l) != h.id {
+		t.Fatalf("the slot names %q while the API is down, want the lost holder %q", holder(l), h.id)
+	}
+	f.setHook(nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for holder(f.lease(t, h.Name())) == h.id {
+		if time.Now().After(deadline) {
+			t.Fatal("the lost slot still names its holder 5 s after the API answered again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
