@@ -103,7 +103,8 @@ func (w *waiter) queue() (*Holding, error) {
 			}
 		}
 		pause = w.backOff()
-		w.recovering, w.recoverBase = true, false
+		w.recovering = true
+		w.recoverBase = false
 		g.log.Warn("waiting in the pull-slot queue failed; will retry",
 			"retryIn", pause.Round(time.Millisecond).String(), "err", err)
 	}

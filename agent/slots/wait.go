@@ -70,14 +70,15 @@ type waiter struct {
 	// tryAgain: a take failed or was refused; look again after its pause.
 	tryAgain bool
 	// recovering: the API failed us. Holders may have lost their slots
-	// meanwhile, leaving none to look after the slots, and a watch
-	// resumed across an apiserver restart was seen to deliver a grant
-	// late: we look every lease duration until a look sees a holder of a
-	// first slot renew it since our last look (see renewing). recoverBase:
-	// a look since the failure gave us the versions to compare with. For
-	// the rest of the wait, the n1000-k100 scale run's waiters listed 3.4
-	// times a minute: many had a call time out in the start's stampede.
-	recovering, recoverBase bool
+	// meanwhile, leaving none to look after the slots: we look every lease
+	// duration until a look sees a holder of a first slot renew it since
+	// our last look (see renewing). Looking for the rest of the wait cost
+	// 3.4 requests a minute per waiting node in the n1000-k100 scale run,
+	// where many waiters had a call time out in the start's stampede.
+	recovering bool
+	// recoverBase: a look since the failure gave us the versions to
+	// compare with.
+	recoverBase bool
 }
 
 // take is a take's write whose answer never came: the holder it named,
