@@ -155,14 +155,16 @@ func (c *flakyClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch
 	return c.LeaseClient.Watch(ctx, opts)
 }
 
-func (c *flakyClient) Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
+func (c *flakyClient) Create(ctx context.Context, l *coordinationv1.Lease,
+	opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
 	if err := c.fail(); err != nil {
 		return nil, err
 	}
 	return c.LeaseClient.Create(ctx, l, opts)
 }
 
-func (c *flakyClient) Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+func (c *flakyClient) Update(ctx context.Context, l *coordinationv1.Lease,
+	opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	if err := c.fail(); err != nil {
 		return nil, err
 	}
