@@ -153,14 +153,11 @@ func (f *fakeAPI) stopWatchers() { f.endWatches() }
 // before it is answered 410 Gone.
 func (f *fakeAPI) restart() {
 	f.writes.Lock()
-	defer f.writes.Unlock()
-	for _, w := range f.watchers {
-		w.close()
-	}
-	f.watchers = nil
 	f.mu.Lock()
 	f.watchable = f.rv
 	f.mu.Unlock()
+	f.writes.Unlock()
+	f.endWatches()
 }
 
 // listCount is how many lists the gates made.
