@@ -163,6 +163,9 @@ func (h *Holding) release(ctx context.Context, seeded bool) error {
 	if err != nil || cleared == nil {
 		return err
 	}
+	// Logged before the hand-out: the node handed the slot may log its
+	// take before our hand-out returns.
+	g.log.Info("released pull slot", "slot", h.Name(), "seeded", seeded)
 	leases := make([]*coordinationv1.Lease, g.cfg.Slots)
 	leases[h.slot] = cleared
 	free := []int{h.slot}

@@ -189,9 +189,7 @@ func (h *Holding) Release() {
 		if err != nil {
 			g.log.Error("could not release pull slot; it frees itself after the lease duration",
 				"slot", h.Name(), "leaseDuration", g.cfg.LeaseDuration.String(), "seeded", seeded, "err", err)
-			return
 		}
-		g.log.Info("released pull slot", "slot", h.Name(), "seeded", seeded)
 	})
 }
 
@@ -209,7 +207,6 @@ func (h *Holding) giveBack() {
 		err := h.release(ctx, false)
 		cancel()
 		if err == nil {
-			g.log.Info("gave back the lost pull slot", "slot", h.Name())
 			return
 		}
 	}
